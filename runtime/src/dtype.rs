@@ -1,0 +1,198 @@
+//! Element types and host tensors.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I64,
+    I32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+    pub fn is_int(self) -> bool {
+        !self.is_float()
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Owned element storage of a host tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+}
+
+impl TensorData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::F16(_) => DType::F16,
+            TensorData::BF16(_) => DType::BF16,
+            TensorData::I64(_) => DType::I64,
+            TensorData::I32(_) => DType::I32,
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+            TensorData::BF16(v) => v.len(),
+            TensorData::I64(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Zeros of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Self {
+        match dtype {
+            DType::F32 => TensorData::F32(vec![0.0; n]),
+            DType::F16 => TensorData::F16(vec![f16::ZERO; n]),
+            DType::BF16 => TensorData::BF16(vec![bf16::ZERO; n]),
+            DType::I64 => TensorData::I64(vec![0; n]),
+            DType::I32 => TensorData::I32(vec![0; n]),
+        }
+    }
+    /// Decode little-endian bytes of `dtype`.
+    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Self {
+        fn chunks<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+            b.chunks_exact(N).map(|c| c.try_into().unwrap())
+        }
+        match dtype {
+            DType::F32 => TensorData::F32(chunks::<4>(bytes).map(f32::from_le_bytes).collect()),
+            DType::F16 => TensorData::F16(chunks::<2>(bytes).map(f16::from_le_bytes).collect()),
+            DType::BF16 => TensorData::BF16(chunks::<2>(bytes).map(bf16::from_le_bytes).collect()),
+            DType::I64 => TensorData::I64(chunks::<8>(bytes).map(i64::from_le_bytes).collect()),
+            DType::I32 => TensorData::I32(chunks::<4>(bytes).map(i32::from_le_bytes).collect()),
+        }
+    }
+    /// Every element as f64 (exact for all supported types).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self {
+            TensorData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            TensorData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+    /// Build storage of `dtype` from f64 values (rounding to nearest for floats, truncation for ints).
+    pub fn from_f64(dtype: DType, v: &[f64]) -> Self {
+        match dtype {
+            DType::F32 => TensorData::F32(v.iter().map(|&x| x as f32).collect()),
+            DType::F16 => TensorData::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => TensorData::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+            DType::I64 => TensorData::I64(v.iter().map(|&x| x as i64).collect()),
+            DType::I32 => TensorData::I32(v.iter().map(|&x| x as i32).collect()),
+        }
+    }
+    /// Convert to another dtype (float<->float conversions round to nearest).
+    pub fn convert(&self, to: DType) -> Self {
+        if self.dtype() == to {
+            return self.clone();
+        }
+        match (self, to) {
+            (TensorData::F16(v), DType::F32) => TensorData::F32(v.iter().map(|x| x.to_f32()).collect()),
+            (TensorData::BF16(v), DType::F32) => TensorData::F32(v.iter().map(|x| x.to_f32()).collect()),
+            (TensorData::F32(v), DType::F16) => TensorData::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
+            (TensorData::F32(v), DType::BF16) => TensorData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+            (TensorData::I64(v), DType::I32) => TensorData::I32(v.iter().map(|&x| x as i32).collect()),
+            (TensorData::I32(v), DType::I64) => TensorData::I64(v.iter().map(|&x| x as i64).collect()),
+            _ => TensorData::from_f64(to, &self.to_f64_vec()),
+        }
+    }
+}
+
+/// A tensor in host memory: checkpoint weights, batch inputs, outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl HostTensor {
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(Error::bad_batch(format!(
+                "tensor of shape {shape:?} needs {n} elements, got {}",
+                data.len()
+            )));
+        }
+        Ok(HostTensor { shape, data })
+    }
+    pub fn f32(shape: Vec<usize>, v: Vec<f32>) -> Result<Self> {
+        Self::new(shape, TensorData::F32(v))
+    }
+    pub fn i64(shape: Vec<usize>, v: Vec<i64>) -> Result<Self> {
+        Self::new(shape, TensorData::I64(v))
+    }
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Self {
+        let n = shape.iter().product();
+        HostTensor { shape, data: TensorData::zeros(dtype, n) }
+    }
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+    pub fn byte_len(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+    /// The data as f32 slice, if the tensor is f32.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            TensorData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            TensorData::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// Values converted to f32 (a copy).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self.data.convert(DType::F32) {
+            TensorData::F32(v) => v,
+            _ => unreachable!("convert(F32) yields F32"),
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The one error type of kiln. Every variant carries enough context (file, tensor, node, bucket)
+//! for a user to act on it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::graph::Bucket;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// An I/O error while reading `path`.
+    Io { path: PathBuf, message: String },
+    /// A weight file that is not valid safetensors (truncated, corrupt header, bad offsets).
+    MalformedWeights { path: PathBuf, message: String },
+    /// The graph asks for a tensor the checkpoint does not have.
+    MissingTensor { path: PathBuf, tensor: String },
+    /// A tensor exists but its dtype or shape differs from what the graph expects.
+    TensorMismatch { path: PathBuf, tensor: String, expected: String, found: String },
+    /// The graph is invalid (shape/rank/dtype mismatch); names the node at fault.
+    Graph { node: String, message: String },
+    /// A batch that cannot be run (wrong dtype, rank, or larger than every bucket).
+    BadBatch { message: String },
+    /// The engine has no plan for this bucket and may not compile one.
+    BucketNotCompiled { requested: Bucket, available: Vec<Bucket> },
+    /// The backend cannot run something in the graph.
+    Unsupported(String),
+    /// A model directory or configuration problem.
+    Model { path: PathBuf, message: String },
+    /// A plan artifact that failed verification (magic, version, target, checksum, fingerprint).
+    Artifact { message: String },
+    /// Any other backend failure (driver, code generation).
+    Backend(String),
+}
+
+impl Error {
+    pub fn graph(node: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Graph { node: node.into(), message: message.into() }
+    }
+    pub fn io(path: impl Into<PathBuf>, err: &std::io::Error) -> Self {
+        Error::Io { path: path.into(), message: err.to_string() }
+    }
+    pub fn bad_batch(message: impl Into<String>) -> Self {
+        Error::BadBatch { message: message.into() }
+    }
+}
+
+fn buckets_list(b: &[Bucket]) -> String {
+    if b.is_empty() {
+        return "none".into();
+    }
+    b.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { path, message } => write!(f, "{}: {message}", path.display()),
+            Error::MalformedWeights { path, message } => {
+                write!(f, "{}: not a valid safetensors file: {message}", path.display())
+            }
+            Error::MissingTensor { path, tensor } => {
+                write!(f, "{}: tensor `{tensor}` not found in the checkpoint", path.display())
+            }
+            Error::TensorMismatch { path, tensor, expected, found } => write!(
+                f,
+                "{}: tensor `{tensor}`: expected {expected}, found {found}",
+                path.display()
+            ),
+            Error::Graph { node, message } => write!(f, "graph node `{node}`: {message}"),
+            Error::BadBatch { message } => write!(f, "bad batch: {message}"),
+            Error::BucketNotCompiled { requested, available } => write!(
+                f,
+                "no compiled plan for bucket {requested} and this engine may not compile one \
+                 (precompiled buckets: {})",
+                buckets_list(available)
+            ),
+            Error::Unsupported(m) => write!(f, "unsupported: {m}"),
+            Error::Model { path, message } => write!(f, "{}: {message}", path.display()),
+            Error::Artifact { message } => write!(f, "plan artifact rejected: {message}"),
+            Error::Backend(m) => write!(f, "backend error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

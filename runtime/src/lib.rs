@@ -1,0 +1,22 @@
+//! kiln-runtime: the thin runtime of kiln. It holds the seed traits ([`Backend`],
+//! [`WeightLoader`]), the [`Engine`], the graph's plain data, and weight loading. It depends on
+//! no compiler (no Cranelift, no NVRTC): `cargo tree -p kiln-runtime` shows it.
+
+pub mod backend;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod graph;
+pub mod weights;
+
+pub use backend::{check_weights, Backend, Batch, Caps, Outputs};
+pub use dtype::{DType, HostTensor, TensorData};
+pub use engine::{Engine, LowerPolicy};
+pub use error::{Error, Result};
+pub use graph::{
+    BinaryOp, Bucket, Dim, Graph, InputRole, InputSpec, Node, Op, ReduceOp, UnaryOp, ValueId, WeightSpec,
+};
+pub use weights::{
+    block_on, load_graph_weights, BoxFuture, SafetensorsLoader, TensorInfo, TensorRef, TensorSpec, WeightLoader,
+    WeightLoaderCapabilities, WeightMetadata, WeightSource,
+};
