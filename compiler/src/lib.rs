@@ -1,1 +1,4 @@
-//! kiln-compiler
+//! kiln-compiler: the graph builder, passes, fusion, memory planning, code generation and the
+//! backends that lower a graph for one bucket.
+
+pub mod ir;

@@ -258,13 +258,25 @@ impl Graph {
 
     /// Appends a node after inferring and checking its dtype and shape.
     pub fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> Result<ValueId> {
+        self.push_shaped(name, op, inputs, None)
+    }
+
+    /// Like [`Graph::push`], with the output shape given for ops whose shape is an attribute
+    /// (Reshape, Constant); it is checked against the input.
+    pub fn push_shaped(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: Vec<ValueId>,
+        shape: Option<Vec<Dim>>,
+    ) -> Result<ValueId> {
         let name = name.into();
         for i in &inputs {
             if i.index() >= self.nodes.len() {
                 return Err(Error::graph(&name, format!("input {i} is not defined before this node")));
             }
         }
-        let (dtype, shape) = infer(self, &name, &op, &inputs, None)?;
+        let (dtype, shape) = infer(self, &name, &op, &inputs, shape.as_deref())?;
         self.nodes.push(Node { name, op, inputs, dtype, shape });
         Ok(ValueId((self.nodes.len() - 1) as u32))
     }
