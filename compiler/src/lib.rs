@@ -2,3 +2,4 @@
 //! backends that lower a graph for one bucket.
 
 pub mod ir;
+pub mod models;
