@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (NVRTC from PyPI for the CUDA code-generation
+# tests, the MiniLM model through kiln's own fetch command), then runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+# NVRTC + ptxas wheels: CUDA C is compiled to PTX without any GPU or CUDA install.
+if [ ! -e .cuda/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 ]; then
+  echo "== installing NVRTC (nvidia-cuda-nvrtc-cu12) into .cuda/"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target .cuda \
+    nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
+fi
+chmod +x .cuda/nvidia/cuda_nvcc/bin/* 2>/dev/null || true
+export LD_LIBRARY_PATH="$root/.cuda/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$root/.cuda/nvidia/cuda_nvcc/bin:$PATH"
+export KILN_REQUIRE_NVRTC=1
+
+# The model, fetched by kiln itself (idempotent).
+export KILN_MODEL_DIR="${KILN_MODEL_DIR:-$root/models/all-MiniLM-L6-v2}"
+echo "== fetching MiniLM into $KILN_MODEL_DIR"
+cargo run -q --bin kiln -- fetch-model minilm --dir "$KILN_MODEL_DIR"
+
+echo "== cargo test --workspace"
+cargo test --workspace "$@"

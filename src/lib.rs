@@ -1,0 +1,5 @@
+//! kiln: the CLI's library half — model fetching and loading — shared by the `kiln` binary,
+//! the examples and the integration tests.
+
+pub mod fetch;
+pub mod model;
