@@ -1,0 +1,300 @@
+//! The CPU plan executor: the one path for JIT and precompiled CPU plans.
+//!
+//! A [`CpuPlanImage`] is plain data — position-independent machine code (constants inside the
+//! code, helpers reached only through the function table passed at entry, so no relocations),
+//! the ordered kernel steps, the arena size and the I/O bindings. The compiler produces it; an
+//! artifact stores it; [`CpuExecutable::load`] verifies it and maps the code (written into an
+//! anonymous map, then made read+execute: never writable and executable at once).
+//!
+//! Kernel ABI (System V): `extern "sysv64" fn(arena: *mut u8, weights: *const *const u8,
+//! table: *const u8, task: usize, n_tasks: usize)`. A step with `tasks > 1` is split across the
+//! thread pool; each call handles its share `task` of `n_tasks`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{DType, HostTensor, TensorData};
+use crate::error::{Error, Result};
+use crate::graph::Bucket;
+
+/// Where a graph input or output lives in the arena.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    pub offset: usize,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl Binding {
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// One kernel call of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuStep {
+    /// Kernel name, for reports and profiles.
+    pub name: String,
+    /// Byte offset of the kernel's entry in the code.
+    pub entry: u32,
+    /// How many parallel tasks the kernel is split into (1 = run once on the calling thread).
+    pub tasks: u32,
+}
+
+/// A compiled CPU plan for one bucket, as plain data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuPlanImage {
+    pub bucket: Bucket,
+    pub code: Vec<u8>,
+    pub steps: Vec<CpuStep>,
+    pub arena_bytes: usize,
+    pub inputs: Vec<Binding>,
+    pub outputs: Vec<Binding>,
+    /// x86 features the code uses (`avx`, `avx2`, `fma`, ...).
+    pub required_features: Vec<String>,
+}
+
+/// Whether this machine has an x86 feature, by its `is_x86_feature_detected!` name.
+pub fn has_cpu_feature(name: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match name {
+            "sse2" => is_x86_feature_detected!("sse2"),
+            "sse3" => is_x86_feature_detected!("sse3"),
+            "ssse3" => is_x86_feature_detected!("ssse3"),
+            "sse4.1" => is_x86_feature_detected!("sse4.1"),
+            "sse4.2" => is_x86_feature_detected!("sse4.2"),
+            "popcnt" => is_x86_feature_detected!("popcnt"),
+            "avx" => is_x86_feature_detected!("avx"),
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "bmi1" => is_x86_feature_detected!("bmi1"),
+            "bmi2" => is_x86_feature_detected!("bmi2"),
+            "lzcnt" => is_x86_feature_detected!("lzcnt"),
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+impl CpuPlanImage {
+    /// Checks everything that can be checked without running code: this is an x86-64 machine
+    /// with the features the code needs, every entry lies inside the code, every binding inside
+    /// the arena.
+    pub fn verify(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Artifact { message: format!("bucket {}: {m}", self.bucket) });
+        if !cfg!(target_arch = "x86_64") {
+            return bad("the plan holds x86-64 code and this machine is not x86-64".into());
+        }
+        let missing: Vec<&str> =
+            self.required_features.iter().map(|s| s.as_str()).filter(|f| !has_cpu_feature(f)).collect();
+        if !missing.is_empty() {
+            return bad(format!("this CPU lacks features the plan was compiled for: {}", missing.join(", ")));
+        }
+        if self.code.is_empty() {
+            return bad("no code".into());
+        }
+        for s in &self.steps {
+            if s.entry as usize >= self.code.len() || s.tasks == 0 {
+                return bad(format!("step `{}` has entry {} / {} tasks outside the code", s.name, s.entry, s.tasks));
+            }
+        }
+        for b in self.inputs.iter().chain(&self.outputs) {
+            if b.offset.checked_add(b.bytes()).is_none_or(|end| end > self.arena_bytes) || b.offset % 8 != 0 {
+                return bad(format!("binding at {} of {} bytes lies outside the arena", b.offset, b.bytes()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A 64-byte-aligned zeroed buffer (the arena).
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> Self {
+        let raw = vec![0u8; len + 64];
+        let start = raw.as_ptr().align_offset(64);
+        AlignedBuf { raw, start, len }
+    }
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.raw[self.start..].as_mut_ptr()
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The kernel entry ABI.
+pub type KernelFn = unsafe extern "sysv64" fn(*mut u8, *const *const u8, *const u8, usize, usize);
+
+/// Splits `n` tasks over threads and calls `f(task)` for each; given by the backend.
+pub trait Parallel {
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync));
+}
+
+/// Runs every task on the calling thread.
+pub struct Inline;
+
+impl Parallel for Inline {
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        (0..n).for_each(f)
+    }
+}
+
+/// A verified, mapped CPU plan with its arena. All memory is allocated by `load`.
+pub struct CpuExecutable {
+    image: CpuPlanImage,
+    code: memmap2::Mmap,
+    arena: AlignedBuf,
+}
+
+// SAFETY: the code map is read-only after load, and the arena is owned; `run` takes `&mut self`.
+unsafe impl Send for CpuExecutable {}
+
+struct SendPtr<T>(T);
+// SAFETY: used only to hand the arena/weights/table pointers to pool threads for the duration of
+// one step; the kernels partition their writes by task.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl CpuExecutable {
+    /// Verifies the image, then copies its code into fresh memory made read+execute.
+    pub fn load(image: CpuPlanImage) -> Result<Self> {
+        image.verify()?;
+        let mut map = memmap2::MmapMut::map_anon(image.code.len())
+            .map_err(|e| Error::Backend(format!("cannot map code: {e}")))?;
+        map.copy_from_slice(&image.code);
+        let code = map.make_exec().map_err(|e| Error::Backend(format!("cannot make code executable: {e}")))?;
+        let arena = AlignedBuf::new(image.arena_bytes);
+        Ok(CpuExecutable { image, code, arena })
+    }
+
+    pub fn image(&self) -> &CpuPlanImage {
+        &self.image
+    }
+    pub fn bucket(&self) -> Bucket {
+        self.image.bucket
+    }
+    pub fn arena(&self) -> &[u8] {
+        self.arena.as_slice()
+    }
+    /// Bytes held: code + arena.
+    pub fn bytes(&self) -> usize {
+        self.code.len() + self.arena.len()
+    }
+
+    /// Copies the inputs into the arena, runs every step, copies the outputs out.
+    ///
+    /// # Safety
+    /// `weights` must hold the pointers the code was compiled against (same order and layout),
+    /// each valid for the reads the code makes, and `table` must be the function table the code
+    /// was compiled for. Both are the backend's to guarantee; the runtime checks the rest.
+    pub unsafe fn run(
+        &mut self,
+        weights: &[*const u8],
+        table: *const u8,
+        inputs: &[HostTensor],
+        outputs: &mut [HostTensor],
+        pool: &dyn Parallel,
+    ) -> Result<()> {
+        if inputs.len() != self.image.inputs.len() || outputs.len() != self.image.outputs.len() {
+            return Err(Error::bad_batch(format!(
+                "plan for bucket {} takes {} inputs and {} outputs, got {} and {}",
+                self.image.bucket,
+                self.image.inputs.len(),
+                self.image.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        for (t, b) in inputs.iter().zip(&self.image.inputs) {
+            if t.shape != b.shape {
+                return Err(Error::bad_batch(format!(
+                    "input of shape {:?} given to a plan for bucket {} that takes {:?}",
+                    t.shape, self.image.bucket, b.shape
+                )));
+            }
+            write_binding(self.arena.as_mut_slice(), b, &t.data);
+        }
+        let arena = SendPtr(self.arena.as_mut_ptr());
+        let w = SendPtr(weights.as_ptr());
+        let tab = SendPtr(table);
+        for step in &self.image.steps {
+            // SAFETY: `verify` checked the entry lies in the mapped code; the code follows the
+            // kernel ABI by construction (it is what the compiler emitted for this image).
+            let f: KernelFn = unsafe { std::mem::transmute(self.code.as_ptr().add(step.entry as usize)) };
+            let n = step.tasks as usize;
+            if n == 1 {
+                unsafe { f(arena.0, w.0, tab.0, 0, 1) };
+            } else {
+                let (a, w, t) = (&arena, &w, &tab);
+                pool.run(n, &|task| unsafe { f(a.0, w.0, t.0, task, n) });
+            }
+        }
+        for (t, b) in outputs.iter_mut().zip(&self.image.outputs) {
+            if t.shape != b.shape {
+                return Err(Error::bad_batch(format!("output buffer {:?} for a plan output {:?}", t.shape, b.shape)));
+            }
+            read_binding(self.arena.as_slice(), b, &mut t.data);
+        }
+        Ok(())
+    }
+}
+
+/// Copies a tensor into its arena slot; no allocation when the dtypes agree (the common case).
+fn write_binding(arena: &mut [u8], b: &Binding, data: &TensorData) {
+    let converted;
+    let d = if data.dtype() == b.dtype {
+        data
+    } else {
+        converted = data.convert(b.dtype);
+        &converted
+    };
+    let dst = &mut arena[b.offset..b.offset + b.bytes()];
+    macro_rules! put {
+        ($v:expr, $n:literal) => {
+            $v.iter().zip(dst.chunks_exact_mut($n)).for_each(|(x, c)| c.copy_from_slice(&x.to_le_bytes()))
+        };
+    }
+    match d {
+        TensorData::F32(v) => put!(v, 4),
+        TensorData::I64(v) => put!(v, 8),
+        TensorData::I32(v) => put!(v, 4),
+        TensorData::F16(v) => put!(v, 2),
+        TensorData::BF16(v) => put!(v, 2),
+    }
+}
+
+/// Copies an arena slot into an output tensor in place; no allocation when the dtypes agree.
+fn read_binding(arena: &[u8], b: &Binding, out: &mut TensorData) {
+    let src = &arena[b.offset..b.offset + b.bytes()];
+    macro_rules! get {
+        ($v:expr, $t:ty, $n:literal) => {
+            $v.iter_mut().zip(src.chunks_exact($n)).for_each(|(x, c)| *x = <$t>::from_le_bytes(c.try_into().unwrap()))
+        };
+    }
+    match (out, b.dtype) {
+        (TensorData::F32(v), DType::F32) => get!(v, f32, 4),
+        (TensorData::I64(v), DType::I64) => get!(v, i64, 8),
+        (TensorData::I32(v), DType::I32) => get!(v, i32, 4),
+        (out, _) => *out = TensorData::from_le_bytes(b.dtype, src).convert(out.dtype()),
+    }
+}
