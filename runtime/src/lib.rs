@@ -3,6 +3,7 @@
 //! no compiler (no Cranelift, no NVRTC): `cargo tree -p kiln-runtime` shows it.
 
 pub mod backend;
+pub mod artifact;
 pub mod cpu;
 /// GPU plans as data; the driver-API executor is behind the `cuda` feature.
 pub mod cuda;

@@ -1,0 +1,781 @@
+//! GPU plans: the serializable form the CUDA backend produces (PTX text, an optional cubin,
+//! the launch list, the arena size and the I/O bindings), and — behind the `cuda` cargo
+//! feature — the executor that loads such a plan with the CUDA driver API and runs it.
+//!
+//! The runtime never compiles CUDA C: the compiler (`kiln-compiler`, NVRTC) emits the PTX, and
+//! this module only loads it (`cuModuleLoadData`) and launches kernels (`cuLaunchKernel`), so
+//! the thin runtime needs the driver library (`libcuda.so`) and nothing else. The driver is
+//! loaded dynamically: a build with the `cuda` feature still runs on machines without CUDA,
+//! where [`CudaDevice::open`] returns a typed error naming the missing library.
+//!
+//! Memory model of a plan: one device arena of [`CudaPlanSpec::arena_bytes`] holds every
+//! intermediate value, the graph inputs and the outputs at offsets the memory planner chose;
+//! weights live in their own device buffers (uploaded once, shared by every plan); constants
+//! that are too large to inline in the kernel source live in buffers the plan owns. A run is:
+//! copy the padded inputs into the arena, launch the recorded kernels in order (replayed as one
+//! CUDA graph once captured), copy the outputs back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Bucket;
+
+/// Version of the [`CudaPlanSpec`] layout; bumped whenever a field changes meaning.
+pub const CUDA_PLAN_VERSION: u32 = 1;
+
+/// One kernel argument of a recorded launch. Pointers are symbolic (arena offset, weight index,
+/// constant index) and resolved to device addresses when the plan is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum KernelArg {
+    /// `arena + offset` (a `T*` parameter).
+    Arena { offset: u64 },
+    /// The device buffer of graph weight `index` (a `const T*` parameter).
+    Weight { index: u32 },
+    /// The device buffer of plan constant `index` (a `const T*` parameter).
+    Const { index: u32 },
+    I32(i32),
+    U32(u32),
+    F32(f32),
+    I64(i64),
+}
+
+/// One kernel launch of a plan, in execution order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    /// The `extern "C"` name of the kernel in the plan's PTX.
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+    pub args: Vec<KernelArg>,
+}
+
+/// A graph input or output living in the arena.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoSlot {
+    pub offset: u64,
+    pub dtype: DType,
+    /// Concrete shape for the plan's bucket.
+    pub shape: Vec<usize>,
+}
+
+impl IoSlot {
+    pub fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
+    }
+}
+
+/// What the plan expects of one graph weight's device buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightSlot {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl WeightSlot {
+    pub fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
+    }
+}
+
+/// A compiled GPU plan for one bucket, as plain data: what an artifact file carries and what
+/// [`CudaDevice::load_plan`] turns into a runnable [`CudaPlan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaPlanSpec {
+    pub version: u32,
+    pub bucket: Bucket,
+    /// The real architecture the code was built for, e.g. `sm_90`. The PTX targets the matching
+    /// virtual architecture (`compute_90`), so any device of at least this capability can JIT it.
+    pub arch: String,
+    /// One PTX module holding every kernel of the plan (NUL-free text).
+    pub ptx: String,
+    /// The same module assembled by `ptxas` for exactly `arch`, when ptxas was available.
+    pub cubin: Option<Vec<u8>>,
+    pub arena_bytes: u64,
+    pub launches: Vec<LaunchSpec>,
+    /// Graph inputs, in `Graph::inputs` order.
+    pub inputs: Vec<IoSlot>,
+    /// Graph outputs, in `Graph::outputs` order.
+    pub outputs: Vec<IoSlot>,
+    /// The weight table the plan was compiled against, indexed like `Graph::weights`.
+    pub weights: Vec<WeightSlot>,
+    /// Constant tensors (little-endian bytes) the kernels read through [`KernelArg::Const`].
+    pub constants: Vec<Vec<u8>>,
+}
+
+/// Parses `sm_90` / `sm_80` into (major, minor).
+pub fn parse_arch(arch: &str) -> Option<(u32, u32)> {
+    let n: u32 = arch.strip_prefix("sm_")?.trim_end_matches('a').parse().ok()?;
+    if n < 10 {
+        return None;
+    }
+    Some((n / 10, n % 10))
+}
+
+impl CudaPlanSpec {
+    /// Checks the plan's internal consistency: version, architecture name, every launch's
+    /// dimensions and every argument's bounds. A plan read from a file must pass this before it
+    /// is loaded; a failure is an [`Error::Artifact`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Artifact { message: format!("GPU plan for bucket {}: {m}", self.bucket) });
+        if self.version != CUDA_PLAN_VERSION {
+            return bad(format!("layout version {} (this runtime reads {CUDA_PLAN_VERSION})", self.version));
+        }
+        if parse_arch(&self.arch).is_none() {
+            return bad(format!("architecture `{}` is not of the form sm_XY", self.arch));
+        }
+        if self.ptx.contains('\0') {
+            return bad("PTX text contains a NUL byte".into());
+        }
+        let entries = ptx_entries(&self.ptx);
+        let check_slot = |what: &str, i: usize, s: &IoSlot| -> Result<()> {
+            if s.offset.checked_add(s.bytes()).is_none_or(|end| end > self.arena_bytes) {
+                return Err(Error::Artifact {
+                    message: format!(
+                        "GPU plan for bucket {}: {what} {i} ({} bytes at {}) lies outside the {}-byte arena",
+                        self.bucket,
+                        s.bytes(),
+                        s.offset,
+                        self.arena_bytes
+                    ),
+                });
+            }
+            Ok(())
+        };
+        for (i, s) in self.inputs.iter().enumerate() {
+            check_slot("input", i, s)?;
+        }
+        for (i, s) in self.outputs.iter().enumerate() {
+            check_slot("output", i, s)?;
+        }
+        for (li, l) in self.launches.iter().enumerate() {
+            if !entries.iter().any(|e| *e == l.kernel) {
+                return bad(format!("launch {li} names kernel `{}`, which the PTX does not define", l.kernel));
+            }
+            let threads: u64 = l.block.iter().map(|&b| b as u64).product();
+            if l.grid.contains(&0) || l.block.contains(&0) || threads > 1024 {
+                return bad(format!("launch {li} (`{}`) has grid {:?} block {:?}", l.kernel, l.grid, l.block));
+            }
+            for (ai, a) in l.args.iter().enumerate() {
+                match *a {
+                    KernelArg::Arena { offset } if offset > self.arena_bytes => {
+                        return bad(format!("launch {li} argument {ai}: arena offset {offset} past {}", self.arena_bytes))
+                    }
+                    KernelArg::Weight { index } if index as usize >= self.weights.len() => {
+                        return bad(format!("launch {li} argument {ai}: weight {index} of {}", self.weights.len()))
+                    }
+                    KernelArg::Const { index } if index as usize >= self.constants.len() => {
+                        return bad(format!("launch {li} argument {ai}: constant {index} of {}", self.constants.len()))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Total bytes of the plan's code (PTX and cubin).
+    pub fn code_bytes(&self) -> usize {
+        self.ptx.len() + self.cubin.as_ref().map_or(0, |c| c.len())
+    }
+}
+
+/// The names of the `.entry` points of a PTX module.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in ptx.lines() {
+        let t = line.trim_start();
+        let rest = if let Some(r) = t.strip_prefix(".visible .entry ") {
+            r
+        } else if let Some(r) = t.strip_prefix(".entry ") {
+            r
+        } else {
+            continue;
+        };
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$').collect();
+        if !name.is_empty() {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// The raw little-endian bytes of a tensor's elements.
+pub fn tensor_bytes(d: &crate::dtype::TensorData) -> &[u8] {
+    use crate::dtype::TensorData as T;
+    // SAFETY: every element type is plain old data (f16/bf16 are `repr(transparent)` u16), so
+    // viewing the vector's initialized elements as bytes is sound.
+    unsafe {
+        match d {
+            T::F32(v) => std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::F16(v) => std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::BF16(v) => std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::I64(v) => std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::I32(v) => std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+        }
+    }
+}
+
+/// The raw bytes of a tensor's elements, writable (to receive device results).
+pub fn tensor_bytes_mut(d: &mut crate::dtype::TensorData) -> &mut [u8] {
+    use crate::dtype::TensorData as T;
+    // SAFETY: as in `tensor_bytes`; every bit pattern is a valid value of these types.
+    unsafe {
+        match d {
+            T::F32(v) => std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::F16(v) => std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::BF16(v) => std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::I64(v) => std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            T::I32(v) => std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+        }
+    }
+}
+
+/// The one-line error for a machine without the CUDA driver library.
+pub fn missing_driver_error() -> Error {
+    Error::Backend(
+        "CUDA driver library not found (libcuda.so / libcuda.so.1 could not be loaded): this machine has no \
+         NVIDIA driver; use --backend cpu"
+            .into(),
+    )
+}
+
+#[cfg(feature = "cuda")]
+pub use exec::*;
+
+#[cfg(feature = "cuda")]
+mod exec {
+    use std::ffi::{c_void, CString};
+    use std::sync::Arc;
+
+    use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+
+    use super::*;
+    use crate::backend::{Batch, Caps, Outputs};
+    use crate::dtype::HostTensor;
+
+    fn drv(what: &str, e: DriverError) -> Error {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+        let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Error::Backend(format!("CUDA driver: {what}: {name} ({text})"))
+    }
+
+    /// Whether the CUDA driver library can be loaded; the typed error of a machine without it.
+    pub fn driver_present() -> Result<()> {
+        // SAFETY: only tries to dlopen the library by its usual names.
+        if unsafe { sys::is_culib_present() } {
+            Ok(())
+        } else {
+            Err(missing_driver_error())
+        }
+    }
+
+    /// One GPU, its primary context and the stream every plan runs on.
+    pub struct CudaDevice {
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        name: String,
+        cc: (u32, u32),
+        total_mem: u64,
+    }
+
+    impl std::fmt::Debug for CudaDevice {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "CudaDevice({}, sm_{}{})", self.name, self.cc.0, self.cc.1)
+        }
+    }
+
+    impl CudaDevice {
+        /// Opens GPU `ordinal`. Errors (never panics) when the driver library is missing, the
+        /// driver fails to initialize, or there is no such device.
+        pub fn open(ordinal: usize) -> Result<Arc<Self>> {
+            driver_present()?;
+            result::init().map_err(|e| drv("cuInit (is an NVIDIA GPU present and its driver loaded?)", e))?;
+            let count = result::device::get_count().map_err(|e| drv("cuDeviceGetCount", e))?;
+            if count <= 0 {
+                return Err(Error::Backend("CUDA driver found, but it reports no GPU".into()));
+            }
+            if ordinal >= count as usize {
+                return Err(Error::Backend(format!("no CUDA device {ordinal}: the driver reports {count}")));
+            }
+            let ctx = CudaContext::new(ordinal).map_err(|e| drv("creating the context", e))?;
+            // One stream, synchronized explicitly: cudarc's per-buffer event tracking is not needed.
+            // SAFETY: no cudarc-managed buffers are shared between streams in this executor.
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.new_stream().map_err(|e| drv("creating a stream", e))?;
+            let name = ctx.name().map_err(|e| drv("cuDeviceGetName", e))?;
+            let (maj, min) = ctx.compute_capability().map_err(|e| drv("compute capability", e))?;
+            let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))? as u64;
+            Ok(Arc::new(CudaDevice { ctx, stream, name, cc: (maj as u32, min as u32), total_mem }))
+        }
+
+        pub fn name(&self) -> &str {
+            &self.name
+        }
+        pub fn compute_capability(&self) -> (u32, u32) {
+            self.cc
+        }
+        /// `sm_XY` of this device.
+        pub fn arch(&self) -> String {
+            format!("sm_{}{}", self.cc.0, self.cc.1)
+        }
+        pub fn total_memory(&self) -> u64 {
+            self.total_mem
+        }
+
+        /// Capabilities for a backend on this device (`can_lower` as the caller says).
+        pub fn caps(&self, backend: &str, can_lower: bool) -> Caps {
+            let mut dtypes = vec![DType::F32];
+            if self.cc.0 >= 7 {
+                dtypes.push(DType::F16);
+            }
+            if self.cc.0 >= 8 {
+                dtypes.push(DType::BF16);
+            }
+            Caps {
+                name: backend.into(),
+                device: format!(
+                    "{} (compute capability {}.{}, {:.1} GiB)",
+                    self.name,
+                    self.cc.0,
+                    self.cc.1,
+                    self.total_mem as f64 / (1u64 << 30) as f64
+                ),
+                dtypes,
+                can_lower,
+                memory_bytes: Some(self.total_mem),
+            }
+        }
+
+        fn bind(&self) -> Result<()> {
+            self.ctx.bind_to_thread().map_err(|e| drv("binding the context", e))
+        }
+
+        fn alloc(self: &Arc<Self>, bytes: u64) -> Result<DeviceBuffer> {
+            self.bind()?;
+            // Never a zero-byte allocation: a plan with an empty arena still gets a valid pointer.
+            let n = bytes.max(256) as usize;
+            // SAFETY: plain allocation with the context bound.
+            let ptr = unsafe { result::malloc_sync(n) }
+                .map_err(|e| drv(&format!("allocating {n} bytes of device memory"), e))?;
+            Ok(DeviceBuffer { ptr, bytes: n as u64, dev: self.clone() })
+        }
+
+        fn upload_bytes(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceBuffer> {
+            let buf = self.alloc(bytes.len() as u64)?;
+            if !bytes.is_empty() {
+                // SAFETY: `buf` holds at least `bytes.len()` bytes.
+                unsafe { result::memcpy_htod_sync(buf.ptr, bytes) }.map_err(|e| drv("copying to the device", e))?;
+            }
+            Ok(buf)
+        }
+
+        /// Uploads weight tensors (indexed like `Graph::weights`) once, as they are.
+        pub fn upload_weights(self: &Arc<Self>, tensors: &[HostTensor]) -> Result<CudaWeights> {
+            let mut bufs = Vec::with_capacity(tensors.len());
+            let mut slots = Vec::with_capacity(tensors.len());
+            for t in tensors {
+                bufs.push(self.upload_bytes(tensor_bytes(&t.data))?);
+                slots.push(WeightSlot { dtype: t.dtype(), shape: t.shape.clone() });
+            }
+            let bytes = tensors.iter().map(|t| t.byte_len()).sum();
+            Ok(CudaWeights { bufs: Arc::new(bufs), slots, bytes, dev: self.clone() })
+        }
+
+        /// Loads a plan: validates it, loads its code (the cubin when it was built for this
+        /// exact architecture, else the PTX, which the driver JIT-compiles), allocates the arena
+        /// and the constants, and resolves every launch's arguments.
+        pub fn load_plan(self: &Arc<Self>, spec: CudaPlanSpec, weights: &CudaWeights) -> Result<CudaPlan> {
+            spec.validate()?;
+            if !Arc::ptr_eq(&weights.dev, self) {
+                return Err(Error::Backend("the weights were uploaded to another CUDA device".into()));
+            }
+            if spec.weights != weights.slots {
+                return Err(Error::Artifact {
+                    message: format!(
+                        "GPU plan for bucket {} was compiled for a different weight table ({} weights, the uploaded set has {})",
+                        spec.bucket,
+                        spec.weights.len(),
+                        weights.slots.len()
+                    ),
+                });
+            }
+            let (maj, min) = parse_arch(&spec.arch).expect("validated");
+            if (maj, min) > self.cc {
+                return Err(Error::Backend(format!(
+                    "the plan was built for {} but {} is sm_{}{}",
+                    spec.arch, self.name, self.cc.0, self.cc.1
+                )));
+            }
+            self.bind()?;
+            let module = match &spec.cubin {
+                Some(c) if (maj, min) == self.cc => {
+                    // SAFETY: a cubin image; the driver validates it.
+                    unsafe { result::module::load_data(c.as_ptr() as *const c_void) }
+                        .map_err(|e| drv("loading the plan's cubin", e))?
+                }
+                _ => {
+                    let src = CString::new(spec.ptx.as_bytes()).expect("validated: no NUL");
+                    // SAFETY: a NUL-terminated PTX string.
+                    unsafe { result::module::load_data(src.as_ptr() as *const c_void) }
+                        .map_err(|e| drv("loading (JIT-compiling) the plan's PTX", e))?
+                }
+            };
+            let module = Module { raw: module, dev: self.clone() };
+            let mut funcs: Vec<(String, sys::CUfunction)> = Vec::new();
+            let mut launches = Vec::with_capacity(spec.launches.len());
+            let arena = self.alloc(spec.arena_bytes)?;
+            let mut consts = Vec::with_capacity(spec.constants.len());
+            for c in &spec.constants {
+                consts.push(self.upload_bytes(c)?);
+            }
+            for l in &spec.launches {
+                let f = match funcs.iter().find(|(n, _)| *n == l.kernel) {
+                    Some((_, f)) => *f,
+                    None => {
+                        let name = CString::new(l.kernel.as_str()).expect("kernel names are identifiers");
+                        // SAFETY: `module` is loaded and alive.
+                        let f = unsafe { result::module::get_function(module.raw, name) }
+                            .map_err(|e| drv(&format!("finding kernel `{}`", l.kernel), e))?;
+                        funcs.push((l.kernel.clone(), f));
+                        f
+                    }
+                };
+                let params: Vec<u64> = l
+                    .args
+                    .iter()
+                    .map(|a| match *a {
+                        KernelArg::Arena { offset } => arena.ptr + offset,
+                        KernelArg::Weight { index } => weights.bufs[index as usize].ptr,
+                        KernelArg::Const { index } => consts[index as usize].ptr,
+                        KernelArg::I32(v) => v as u32 as u64,
+                        KernelArg::U32(v) => v as u64,
+                        KernelArg::F32(v) => v.to_bits() as u64,
+                        KernelArg::I64(v) => v as u64,
+                    })
+                    .collect();
+                launches.push(Launch {
+                    func: f,
+                    grid: (l.grid[0], l.grid[1], l.grid[2]),
+                    block: (l.block[0], l.block[1], l.block[2]),
+                    shared: l.shared_bytes,
+                    params,
+                });
+            }
+            let use_graph = std::env::var("KILN_CUDA_GRAPH").map_or(true, |v| v != "0");
+            Ok(CudaPlan {
+                spec,
+                dev: self.clone(),
+                _weights: weights.bufs.clone(),
+                _consts: consts,
+                arena,
+                launches,
+                graph: None,
+                use_graph,
+                _module: module,
+            })
+        }
+    }
+
+    /// A device allocation, freed on drop.
+    struct DeviceBuffer {
+        ptr: sys::CUdeviceptr,
+        bytes: u64,
+        dev: Arc<CudaDevice>,
+    }
+
+    impl Drop for DeviceBuffer {
+        fn drop(&mut self) {
+            if self.dev.ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by `malloc_sync`, freed once.
+                let _ = unsafe { result::free_sync(self.ptr) };
+            }
+        }
+    }
+
+    struct Module {
+        raw: sys::CUmodule,
+        dev: Arc<CudaDevice>,
+    }
+
+    // SAFETY: a CUmodule handle may be used from any thread with its context bound.
+    unsafe impl Send for Module {}
+    unsafe impl Sync for Module {}
+
+    impl Drop for Module {
+        fn drop(&mut self) {
+            if self.dev.ctx.bind_to_thread().is_ok() {
+                // SAFETY: loaded once, unloaded once, after every plan using it is gone.
+                let _ = unsafe { result::module::unload(self.raw) };
+            }
+        }
+    }
+
+    /// Weights uploaded once to one device.
+    pub struct CudaWeights {
+        bufs: Arc<Vec<DeviceBuffer>>,
+        slots: Vec<WeightSlot>,
+        bytes: usize,
+        dev: Arc<CudaDevice>,
+    }
+
+    impl CudaWeights {
+        pub fn bytes(&self) -> usize {
+            self.bytes
+        }
+        pub fn slots(&self) -> &[WeightSlot] {
+            &self.slots
+        }
+    }
+
+    struct Launch {
+        func: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        /// One 8-byte slot per parameter; 4-byte parameters use the low bytes (little-endian).
+        params: Vec<u64>,
+    }
+
+    struct Graph(cudarc::driver::CudaGraph);
+    // SAFETY: the graph is only touched through `&mut CudaPlan`, never concurrently.
+    unsafe impl Send for Graph {}
+
+    /// A loaded, runnable GPU plan for one bucket.
+    pub struct CudaPlan {
+        spec: CudaPlanSpec,
+        dev: Arc<CudaDevice>,
+        _weights: Arc<Vec<DeviceBuffer>>,
+        _consts: Vec<DeviceBuffer>,
+        arena: DeviceBuffer,
+        launches: Vec<Launch>,
+        graph: Option<Graph>,
+        use_graph: bool,
+        // Dropped last: functions belong to it.
+        _module: Module,
+    }
+
+    // SAFETY: the raw function handles are immutable after load and valid on any thread with the
+    // context bound (every entry point binds it); `&mut self` serializes runs.
+    unsafe impl Send for CudaPlan {}
+
+    impl CudaPlan {
+        pub fn spec(&self) -> &CudaPlanSpec {
+            &self.spec
+        }
+        pub fn bucket(&self) -> Bucket {
+            self.spec.bucket
+        }
+        /// Device bytes this plan holds (arena, constants) plus its code size.
+        pub fn bytes(&self) -> usize {
+            (self.arena.bytes as usize)
+                + self._consts.iter().map(|c| c.bytes as usize).sum::<usize>()
+                + self.spec.code_bytes()
+        }
+        /// Whether runs replay a captured CUDA graph.
+        pub fn uses_graph(&self) -> bool {
+            self.graph.is_some()
+        }
+
+        fn launch_all(&mut self) -> Result<()> {
+            let stream = self.dev.stream.cu_stream();
+            for (i, l) in self.launches.iter_mut().enumerate() {
+                let mut ptrs: Vec<*mut c_void> = l.params.iter_mut().map(|p| p as *mut u64 as *mut c_void).collect();
+                // SAFETY: the function comes from the loaded module; every pointer argument lies in
+                // a live buffer (checked by `validate` and resolved at load); scalar slots are
+                // 8 bytes, at least the size of the kernel's parameter.
+                unsafe { result::launch_kernel(l.func, l.grid, l.block, l.shared, stream, &mut ptrs) }
+                    .map_err(|e| drv(&format!("launching kernel `{}` (launch {i})", self.spec.launches[i].kernel), e))?;
+            }
+            Ok(())
+        }
+
+        /// Records the launches as a CUDA graph (stream capture). Falls back to plain launches,
+        /// permanently for this plan, when capture is not supported.
+        fn capture(&mut self) -> Result<()> {
+            let stream = self.dev.stream.clone();
+            if stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_err() {
+                self.use_graph = false;
+                return Ok(());
+            }
+            let launched = self.launch_all();
+            let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            match (launched, ended) {
+                (Ok(()), Ok(Some(g))) => {
+                    self.graph = Some(Graph(g));
+                }
+                (Err(e), _) => return Err(e),
+                _ => self.use_graph = false,
+            }
+            Ok(())
+        }
+
+        /// Runs the plan on a batch padded to exactly the plan's bucket.
+        pub fn run(&mut self, batch: &Batch, outputs: &mut Outputs) -> Result<()> {
+            self.dev.bind()?;
+            if batch.tensors.len() != self.spec.inputs.len() {
+                return Err(Error::bad_batch(format!(
+                    "the GPU plan takes {} inputs, the batch has {}",
+                    self.spec.inputs.len(),
+                    batch.tensors.len()
+                )));
+            }
+            if outputs.tensors.len() != self.spec.outputs.len() {
+                return Err(Error::bad_batch(format!(
+                    "the GPU plan has {} outputs, {} buffers were given",
+                    self.spec.outputs.len(),
+                    outputs.tensors.len()
+                )));
+            }
+            let stream = self.dev.stream.cu_stream();
+            for (i, (t, slot)) in batch.tensors.iter().zip(&self.spec.inputs).enumerate() {
+                if t.dtype() != slot.dtype || t.shape != slot.shape {
+                    return Err(Error::bad_batch(format!(
+                        "input {i} is {} {:?}; the plan for bucket {} needs {} {:?}",
+                        t.dtype(),
+                        t.shape,
+                        self.spec.bucket,
+                        slot.dtype,
+                        slot.shape
+                    )));
+                }
+                let bytes = tensor_bytes(&t.data);
+                // SAFETY: `validate` checked the slot lies inside the arena; the host memory stays
+                // alive until the stream is synchronized below.
+                unsafe { result::memcpy_htod_async(self.arena.ptr + slot.offset, bytes, stream) }
+                    .map_err(|e| drv(&format!("copying input {i} to the device"), e))?;
+            }
+            if self.use_graph && self.graph.is_none() {
+                self.capture()?;
+            }
+            match &self.graph {
+                Some(g) => g.0.launch().map_err(|e| drv("launching the plan's CUDA graph", e))?,
+                None => self.launch_all()?,
+            }
+            for (i, (t, slot)) in outputs.tensors.iter_mut().zip(&self.spec.outputs).enumerate() {
+                if t.dtype() != slot.dtype || t.shape != slot.shape {
+                    return Err(Error::bad_batch(format!(
+                        "output buffer {i} is {} {:?}; the plan for bucket {} writes {} {:?}",
+                        t.dtype(),
+                        t.shape,
+                        self.spec.bucket,
+                        slot.dtype,
+                        slot.shape
+                    )));
+                }
+                let bytes = tensor_bytes_mut(&mut t.data);
+                // SAFETY: as above; synchronized before `bytes` is read or dropped.
+                unsafe { result::memcpy_dtoh_async(bytes, self.arena.ptr + slot.offset, stream) }
+                    .map_err(|e| drv(&format!("copying output {i} to the host"), e))?;
+            }
+            self.dev.stream.synchronize().map_err(|e| drv("running the plan", e))?;
+            Ok(())
+        }
+
+        /// Runs the recorded launches only (inputs as they are in the arena), synchronized, and
+        /// returns the wall time in milliseconds measured with CUDA events.
+        pub fn time_launches(&mut self, iters: usize) -> Result<f32> {
+            self.dev.bind()?;
+            if self.use_graph && self.graph.is_none() {
+                self.capture()?;
+            }
+            let stream = self.dev.stream.clone();
+            let start = self.dev.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| drv("creating an event", e))?;
+            let end = self.dev.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| drv("creating an event", e))?;
+            start.record(&stream).map_err(|e| drv("recording an event", e))?;
+            for _ in 0..iters.max(1) {
+                match &self.graph {
+                    Some(g) => g.0.launch().map_err(|e| drv("launching the plan's CUDA graph", e))?,
+                    None => self.launch_all()?,
+                }
+            }
+            end.record(&stream).map_err(|e| drv("recording an event", e))?;
+            end.synchronize().map_err(|e| drv("running the plan", e))?;
+            let ms = start.elapsed_ms(&end).map_err(|e| drv("reading event times", e))?;
+            Ok(ms / iters.max(1) as f32)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> CudaPlanSpec {
+        CudaPlanSpec {
+            version: CUDA_PLAN_VERSION,
+            bucket: Bucket::new(1, 8),
+            arch: "sm_90".into(),
+            ptx: ".version 8.8\n.target sm_90\n.visible .entry k0(\n.param .u64 p0\n)\n{ ret; }\n".into(),
+            cubin: None,
+            arena_bytes: 1024,
+            launches: vec![LaunchSpec {
+                kernel: "k0".into(),
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                shared_bytes: 0,
+                args: vec![KernelArg::Arena { offset: 0 }],
+            }],
+            inputs: vec![IoSlot { offset: 0, dtype: DType::I64, shape: vec![1, 8] }],
+            outputs: vec![IoSlot { offset: 64, dtype: DType::F32, shape: vec![1, 8] }],
+            weights: vec![],
+            constants: vec![],
+        }
+    }
+
+    #[test]
+    fn valid_spec_passes_and_round_trips_through_bincode() {
+        let s = spec();
+        s.validate().unwrap();
+        let bytes = bincode::serde::encode_to_vec(&s, bincode::config::standard()).unwrap();
+        let (back, _): (CudaPlanSpec, usize) =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn validate_rejects_bad_plans() {
+        let mut s = spec();
+        s.launches[0].kernel = "nope".into();
+        assert!(matches!(s.validate(), Err(Error::Artifact { .. })));
+        let mut s = spec();
+        s.outputs[0].offset = 1000;
+        assert!(s.validate().unwrap_err().to_string().contains("outside the 1024-byte arena"));
+        let mut s = spec();
+        s.launches[0].block = [2048, 1, 1];
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.launches[0].args.push(KernelArg::Weight { index: 0 });
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.arch = "compute_90".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.version = 99;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn entries_and_arch_parse() {
+        assert_eq!(ptx_entries(&spec().ptx), vec!["k0".to_string()]);
+        assert_eq!(parse_arch("sm_90"), Some((9, 0)));
+        assert_eq!(parse_arch("sm_80"), Some((8, 0)));
+        assert_eq!(parse_arch("sm_90a"), Some((9, 0)));
+        assert_eq!(parse_arch("gfx90"), None);
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn open_without_driver_is_a_typed_error() {
+        // SAFETY: only probes for the library.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            eprintln!("skipped: a CUDA driver library is present on this machine");
+            return;
+        }
+        let e = CudaDevice::open(0).unwrap_err();
+        assert_eq!(e, missing_driver_error());
+        assert!(!e.to_string().contains('\n'));
+    }
+}
