@@ -1,0 +1,228 @@
+//! Plan artifacts: the unit users ship.
+//!
+//! Layout (all integers little-endian):
+//! ```text
+//! magic        8 bytes  "KILNPLAN"
+//! version      u32      FORMAT_VERSION
+//! header_len   u32
+//! header       bincode 2 (standard config) of ArtifactHeader
+//! body_len     u64
+//! body         bincode 2 of ArtifactBody (one PlanPayload per bucket)
+//! checksum     32 bytes SHA-256 of every byte before it
+//! ```
+//! [`Artifact::from_bytes`] checks size, magic, version and checksum before decoding anything,
+//! then the target (architecture, CPU features), then — in [`Artifact::check_graph`] — the graph
+//! fingerprint. Native code is mapped only after all of that, by the backend.
+//!
+//! Weights are not in the artifact: they come from the checkpoint through a `WeightLoader`, and
+//! the fingerprint (a hash of the graph and of the weight table's names, dtypes and shapes) ties
+//! the two together.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cpu::{has_cpu_feature, CpuPlanImage};
+use crate::error::{Error, Result};
+use crate::graph::{Bucket, Graph};
+
+pub const MAGIC: &[u8; 8] = b"KILNPLAN";
+/// Bumped whenever the layout or the body types change.
+pub const FORMAT_VERSION: u32 = 1;
+const FIXED_HEAD: usize = 8 + 4 + 4;
+const CHECKSUM_LEN: usize = 32;
+
+/// What the code in an artifact runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// x86-64 machine code needing these CPU features.
+    CpuX86_64 { features: Vec<String> },
+    /// PTX/cubin for a CUDA device of this compute capability.
+    Cuda { major: u32, minor: u32 },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::CpuX86_64 { features } => write!(f, "cpu-x86_64 (+{})", features.join(",+")),
+            Target::Cuda { major, minor } => write!(f, "cuda sm_{major}{minor}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactHeader {
+    /// The kiln version that wrote the artifact.
+    pub kiln_version: String,
+    pub target: Target,
+    /// [`fingerprint`] of the graph the plans were compiled from.
+    pub fingerprint: [u8; 32],
+    /// The buckets inside, in body order.
+    pub buckets: Vec<Bucket>,
+}
+
+/// One bucket's compiled plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PlanPayload {
+    Cpu(CpuPlanImage),
+    /// A GPU plan, encoded by the CUDA backend (PTX/cubin, launch list, arena size).
+    Cuda(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactBody {
+    pub plans: Vec<PlanPayload>,
+}
+
+/// A verified artifact.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Artifact {
+    pub header: ArtifactHeader,
+    pub body: ArtifactBody,
+}
+
+/// SHA-256 over the graph (ops, shapes, inputs, outputs) and its weight table (names, dtypes,
+/// shapes). Weight values are deliberately not part of it: the same plan serves fine-tuned
+/// checkpoints of the same architecture.
+pub fn fingerprint(graph: &Graph) -> [u8; 32] {
+    let bytes = bincode::serde::encode_to_vec(graph, bincode::config::standard())
+        .expect("encoding a graph into a Vec cannot fail");
+    let mut h = Sha256::new();
+    h.update(b"kiln-graph-v1");
+    h.update(&bytes);
+    h.finalize().into()
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn reject<T>(message: impl Into<String>) -> Result<T> {
+    Err(Error::Artifact { message: message.into() })
+}
+
+impl Artifact {
+    pub fn new(graph: &Graph, target: Target, plans: Vec<(Bucket, PlanPayload)>) -> Self {
+        let (buckets, plans) = plans.into_iter().unzip();
+        Artifact {
+            header: ArtifactHeader {
+                kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+                target,
+                fingerprint: fingerprint(graph),
+                buckets,
+            },
+            body: ArtifactBody { plans },
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let cfg = bincode::config::standard();
+        let header = bincode::serde::encode_to_vec(&self.header, cfg).expect("header encodes");
+        let body = bincode::serde::encode_to_vec(&self.body, cfg).expect("body encodes");
+        let mut out = Vec::with_capacity(FIXED_HEAD + header.len() + 8 + body.len() + CHECKSUM_LEN);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        let sum: [u8; 32] = Sha256::digest(&out).into();
+        out.extend_from_slice(&sum);
+        out
+    }
+
+    /// Parses and verifies an artifact: size, magic, version, checksum, then decodes header and
+    /// body and checks the target against this machine. Runs nothing.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() < FIXED_HEAD + 8 + CHECKSUM_LEN {
+            return reject(format!("{} bytes is too short to be a kiln plan (truncated?)", bytes.len()));
+        }
+        if &bytes[..8] != MAGIC {
+            return reject("not a kiln plan artifact (bad magic)");
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        if version > FORMAT_VERSION {
+            return reject(format!(
+                "format version {version} was written by a newer kiln; this runtime reads version {FORMAT_VERSION}"
+            ));
+        }
+        if version < FORMAT_VERSION {
+            return reject(format!("format version {version} is older than {FORMAT_VERSION}: recompile the plan"));
+        }
+        let (content, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
+        let want: [u8; 32] = Sha256::digest(content).into();
+        if want.as_slice() != sum {
+            return reject("checksum mismatch: the file is corrupt or truncated");
+        }
+        let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        let header_end = FIXED_HEAD.checked_add(header_len).filter(|&e| e + 8 <= content.len());
+        let Some(header_end) = header_end else { return reject("header length runs past the end") };
+        let cfg = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+        let (header, used): (ArtifactHeader, usize) =
+            bincode::serde::decode_from_slice(&content[FIXED_HEAD..header_end], cfg)
+                .map_err(|e| Error::Artifact { message: format!("bad header: {e}") })?;
+        if used != header_len {
+            return reject("header has trailing bytes");
+        }
+        let body_len = u64::from_le_bytes(content[header_end..header_end + 8].try_into().unwrap()) as usize;
+        let body_start = header_end + 8;
+        if body_start.checked_add(body_len) != Some(content.len()) {
+            return reject("body length does not match the file size");
+        }
+        let (body, used): (ArtifactBody, usize) = bincode::serde::decode_from_slice(&content[body_start..], cfg)
+            .map_err(|e| Error::Artifact { message: format!("bad body: {e}") })?;
+        if used != body_len {
+            return reject("body has trailing bytes");
+        }
+        if body.plans.len() != header.buckets.len() {
+            return reject("header and body disagree on the number of buckets");
+        }
+        let a = Artifact { header, body };
+        a.check_target()?;
+        Ok(a)
+    }
+
+    /// Checks the artifact's target against this machine (architecture and CPU features).
+    pub fn check_target(&self) -> Result<()> {
+        match &self.header.target {
+            Target::CpuX86_64 { features } => {
+                if !cfg!(target_arch = "x86_64") {
+                    return reject(format!("compiled for {}, this machine is not x86-64", self.header.target));
+                }
+                let missing: Vec<&str> =
+                    features.iter().map(|s| s.as_str()).filter(|f| !has_cpu_feature(f)).collect();
+                if !missing.is_empty() {
+                    return reject(format!("this CPU lacks features the plan needs: {}", missing.join(", ")));
+                }
+                for p in &self.body.plans {
+                    if !matches!(p, PlanPayload::Cpu(_)) {
+                        return reject("a cpu artifact holds a non-cpu plan");
+                    }
+                }
+                Ok(())
+            }
+            Target::Cuda { .. } => Ok(()),
+        }
+    }
+
+    /// Checks that the artifact was compiled from `graph` (same ops, shapes and weight table).
+    pub fn check_graph(&self, graph: &Graph) -> Result<()> {
+        let fp = fingerprint(graph);
+        if fp != self.header.fingerprint {
+            return reject(format!(
+                "compiled for another graph or weight table (artifact fingerprint {}, this model {}): \
+                 recompile the plan for this model",
+                &hex(&self.header.fingerprint)[..16],
+                &hex(&fp)[..16]
+            ));
+        }
+        Ok(())
+    }
+
+    /// The plan of one bucket, or an error listing the buckets the artifact has.
+    pub fn plan(&self, bucket: Bucket) -> Result<&PlanPayload> {
+        match self.header.buckets.iter().position(|&b| b == bucket) {
+            Some(i) => Ok(&self.body.plans[i]),
+            None => Err(Error::BucketNotCompiled { requested: bucket, available: self.header.buckets.clone() }),
+        }
+    }
+}

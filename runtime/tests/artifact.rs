@@ -1,0 +1,173 @@
+//! Artifact verification: every corruption is a typed error, and nothing is executed. The code
+//! in these artifacts is `ud2` (an illegal instruction), so running it would kill the test.
+
+use kiln_runtime::artifact::{fingerprint, Artifact, PlanPayload, Target, FORMAT_VERSION};
+use kiln_runtime::cpu::{Binding, CpuExecutable, CpuPlanImage, CpuStep};
+use kiln_runtime::graph::{Graph, InputRole, InputSpec, Op, WeightSpec};
+use kiln_runtime::{Bucket, DType, Dim, Error};
+
+fn graph(width: usize) -> Graph {
+    let mut g = Graph::default();
+    g.inputs.push(InputSpec { name: "x".into(), dtype: DType::F32, shape: vec![Dim::Batch, Dim::Fixed(width)], role: InputRole::Other });
+    g.weights.push(WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![width] });
+    let x = g.push("x", Op::Input { index: 0 }, vec![]).unwrap();
+    let w = g.push("w", Op::Weight { index: 0 }, vec![]).unwrap();
+    let y = g.push("y", Op::Binary(kiln_runtime::BinaryOp::Mul), vec![x, w]).unwrap();
+    g.outputs.push(y);
+    g.output_names.push("y".into());
+    g
+}
+
+fn image(bucket: Bucket, features: &[&str]) -> CpuPlanImage {
+    CpuPlanImage {
+        bucket,
+        code: vec![0x0f, 0x0b, 0xc3, 0x90],
+        steps: vec![CpuStep { name: "k0".into(), entry: 0, tasks: 1 }],
+        arena_bytes: 128,
+        inputs: vec![Binding { offset: 0, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
+        outputs: vec![Binding { offset: 64, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
+        required_features: features.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn artifact(features: &[&str]) -> Artifact {
+    let t = Target::CpuX86_64 { features: features.iter().map(|s| s.to_string()).collect() };
+    let plans = [Bucket::new(1, 1), Bucket::new(2, 1)]
+        .into_iter()
+        .map(|b| (b, PlanPayload::Cpu(image(b, features))))
+        .collect();
+    Artifact::new(&graph(4), t, plans)
+}
+
+fn is_artifact_error(r: Result<Artifact, Error>) -> bool {
+    matches!(r, Err(Error::Artifact { .. }))
+}
+
+#[test]
+fn round_trip() {
+    let a = artifact(&[]);
+    let bytes = a.to_bytes();
+    let b = Artifact::from_bytes(&bytes).unwrap();
+    assert_eq!(a, b);
+    b.check_graph(&graph(4)).unwrap();
+    assert!(matches!(b.plan(Bucket::new(2, 1)).unwrap(), PlanPayload::Cpu(i) if i.bucket == Bucket::new(2, 1)));
+    assert_eq!(b.header.fingerprint, fingerprint(&graph(4)));
+}
+
+#[test]
+fn every_truncation_is_rejected() {
+    let bytes = artifact(&[]).to_bytes();
+    for n in 0..bytes.len() {
+        assert!(is_artifact_error(Artifact::from_bytes(&bytes[..n])), "truncated to {n} bytes");
+    }
+}
+
+#[test]
+fn every_flipped_byte_is_rejected() {
+    let bytes = artifact(&[]).to_bytes();
+    for i in 0..bytes.len() {
+        for bit in [0x01u8, 0x80] {
+            let mut b = bytes.clone();
+            b[i] ^= bit;
+            assert!(is_artifact_error(Artifact::from_bytes(&b)), "flip {bit:#x} at byte {i} was accepted");
+        }
+    }
+}
+
+#[test]
+fn random_mutations_are_rejected_without_panicking() {
+    let bytes = artifact(&[]).to_bytes();
+    let mut s = 0x9E3779B97F4A7C15u64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for _ in 0..3000 {
+        let mut b = bytes.clone();
+        for _ in 0..1 + next() % 4 {
+            let i = (next() % b.len() as u64) as usize;
+            match next() % 3 {
+                0 => b[i] = next() as u8,
+                1 => b.insert(i, next() as u8),
+                _ => {
+                    b.remove(i);
+                }
+            }
+        }
+        if b != bytes {
+            assert!(is_artifact_error(Artifact::from_bytes(&b)));
+        }
+    }
+}
+
+#[test]
+fn wrong_magic_and_newer_version_say_so() {
+    let mut b = artifact(&[]).to_bytes();
+    b[0] = b'X';
+    let e = Artifact::from_bytes(&b).unwrap_err();
+    assert!(e.to_string().contains("bad magic"), "{e}");
+    let mut b = artifact(&[]).to_bytes();
+    b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let e = Artifact::from_bytes(&b).unwrap_err();
+    assert!(e.to_string().contains("newer kiln"), "{e}");
+}
+
+#[test]
+fn missing_cpu_features_are_rejected_before_mapping() {
+    let bytes = artifact(&["avx2", "kiln-imaginary-feature"]).to_bytes();
+    let e = Artifact::from_bytes(&bytes).unwrap_err();
+    assert!(e.to_string().contains("kiln-imaginary-feature"), "{e}");
+    // The image-level check refuses too, so the executable is never mapped.
+    let e = CpuExecutable::load(image(Bucket::new(1, 1), &["kiln-imaginary-feature"])).err().unwrap();
+    assert!(e.to_string().contains("lacks features"), "{e}");
+}
+
+#[test]
+fn another_graph_is_rejected() {
+    let a = Artifact::from_bytes(&artifact(&[]).to_bytes()).unwrap();
+    let e = a.check_graph(&graph(5)).unwrap_err();
+    assert!(e.to_string().contains("another graph"), "{e}");
+    let mut renamed = graph(4);
+    renamed.weights[0].name = "w2".into();
+    assert!(a.check_graph(&renamed).is_err());
+}
+
+#[test]
+fn missing_bucket_lists_the_ones_present() {
+    let a = Artifact::from_bytes(&artifact(&[]).to_bytes()).unwrap();
+    let e = a.plan(Bucket::new(8, 128)).unwrap_err();
+    let s = e.to_string();
+    assert!(s.contains("8x128") && s.contains("1x1, 2x1"), "{s}");
+}
+
+#[test]
+fn images_with_entries_or_bindings_outside_are_rejected() {
+    let mut i = image(Bucket::new(1, 1), &[]);
+    i.steps[0].entry = 99;
+    assert!(CpuExecutable::load(i).is_err());
+    let mut i = image(Bucket::new(1, 1), &[]);
+    i.outputs[0].offset = 120;
+    assert!(CpuExecutable::load(i).is_err());
+}
+
+/// The executor maps and calls real code: `mov dword [rdi+64], 0x40400000 (3.0); ret`, i.e.
+/// the kernel writes 3.0 into the first output element in the arena (rdi = arena).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn executor_runs_verified_code() {
+    use kiln_runtime::cpu::Inline;
+    use kiln_runtime::HostTensor;
+    let mut img = image(Bucket::new(1, 1), &[]);
+    img.code = vec![0xC7, 0x47, 0x40, 0x00, 0x00, 0x40, 0x40, 0xC3];
+    let mut exe = CpuExecutable::load(img).unwrap();
+    let input = HostTensor::f32(vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    let mut out = vec![HostTensor::zeros(DType::F32, vec![1, 4])];
+    unsafe { exe.run(&[], std::ptr::null(), &[input.clone()], &mut out, &Inline) }.unwrap();
+    assert_eq!(out[0].to_f32_vec(), vec![3.0, 0.0, 0.0, 0.0]);
+    assert_eq!(&exe.arena()[..16], &[0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64]);
+    // A batch of the wrong shape is refused before any code runs.
+    let bad = HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap();
+    assert!(unsafe { exe.run(&[], std::ptr::null(), &[bad], &mut out, &Inline) }.is_err());
+}
