@@ -3,3 +3,4 @@
 
 pub mod ir;
 pub mod models;
+pub mod kernel_ir;
