@@ -1,6 +1,7 @@
 //! kiln-compiler: the graph builder, passes, fusion, memory planning, code generation and the
 //! backends that lower a graph for one bucket.
 
+pub mod backends;
 pub mod ir;
 pub mod models;
 pub mod kernel_ir;

@@ -1,0 +1,5 @@
+//! Backends that lower a graph for one bucket and run it.
+
+pub mod reference;
+
+pub use reference::{interpret, interpret_all, ReferenceBackend, ReferencePlan, ReferenceWeights, WeightArray};
