@@ -1,0 +1,787 @@
+//! f32 GEMM: `C[m×n] (+)= scale · A[m×k] · B[k×n]`, then an epilogue (bias, activation, residual)
+//! applied to each register tile right after its last k block, while it is still in L1.
+//!
+//! - A is row-major behind a pointer and a row stride `lda`.
+//! - B is packed once ([`pack_b`], [`PackedB`]) into panels of [`NR`] columns; inside a panel the
+//!   layout is k-major (`NR` consecutive floats per k), and the last panel is zero-padded.
+//!   Panel `p` starts at float `p·k·NR`. Packing accepts `[k, n]` and `[n, k]` (PyTorch Linear) sources.
+//! - Blocking (Goto/BLIS order): k in blocks of [`KC`], m in blocks of [`MC`]; for each (k, m) block
+//!   the A block is packed into caller scratch as MR-row strips (k-major, zero-padded), then for each
+//!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2).
+//! - Microkernel: [`MR`]×[`NR`] = 6×16 register tile, 12 ymm accumulators, `vfmadd231ps` with a
+//!   broadcast A element and two B vectors per k (chosen by measurement over 4×24, see
+//!   `examples/gemm_bench.rs`). Edge tiles use masked stores; padding makes every load in bounds.
+//! - Threads: the (m, n) work is cut into as many contiguous ranges of B panels (or of A rows) as
+//!   there are threads, each with its own A-packing scratch. Each element of C goes through the same
+//!   operations in every split, so results are bitwise identical for any thread count.
+//!
+//! Nothing here allocates except [`pack_b`] (which a plan calls once at upload/lower time).
+
+use crate::aligned::AlignedBuf;
+use crate::error::{check_len, span};
+use crate::math::Activation;
+use crate::threadpool::ThreadPool;
+use crate::{effective_isa, Isa, KernelError};
+
+/// Rows of the register tile.
+pub const MR: usize = 6;
+/// Columns of the register tile and of a packed B panel.
+pub const NR: usize = 16;
+/// k block: a B micro-panel of KC×NR floats (16 KiB) stays in L1.
+pub const KC: usize = 256;
+/// m block (a multiple of MR): the packed A block of MC×KC floats (120 KiB) stays in L2.
+pub const MC: usize = 120;
+/// Floats of slack per scratch region so it can be aligned to 64 bytes.
+const ALIGN_SLACK: usize = 16;
+/// Below this many multiply-adds a GEMM runs on one thread.
+const PAR_MIN_MACS: usize = 1 << 17;
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue
+
+/// The GEMM epilogue, C ABI layout (32 bytes):
+///
+/// | offset | field             | CLIF type | meaning                                             |
+/// |-------:|-------------------|-----------|-----------------------------------------------------|
+/// | 0      | `bias`            | i64       | `*const f32`, `n` floats, or null                   |
+/// | 8      | `residual`        | i64       | `*const f32`, row `i` at `residual + i·stride`, or null |
+/// | 16     | `residual_stride` | i64       | floats between residual rows (≥ n when m > 1)       |
+/// | 24     | `activation`      | i32       | [`Activation`] code                                 |
+/// | 28     | `scale`           | f32       | multiplies the product A·B                           |
+///
+/// Result: `C[i,j] = act(scale·Σₚ A[i,p]·B[p,j] + (accumulate ? C_old[i,j] : 0) + bias[j]) + residual[i,j]`.
+/// The residual must not alias C (to add into C in place, use `accumulate` instead).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Epilogue {
+    pub bias: *const f32,
+    pub residual: *const f32,
+    pub residual_stride: usize,
+    pub activation: u32,
+    pub scale: f32,
+}
+
+impl Epilogue {
+    /// No epilogue: scale 1, no bias, no activation, no residual.
+    pub const NONE: Epilogue =
+        Epilogue { bias: std::ptr::null(), residual: std::ptr::null(), residual_stride: 0, activation: 0, scale: 1.0 };
+
+    fn has_post(&self) -> bool {
+        !self.bias.is_null() || !self.residual.is_null() || self.activation != Activation::None as u32
+    }
+}
+
+impl Default for Epilogue {
+    fn default() -> Self {
+        Epilogue::NONE
+    }
+}
+
+/// The safe-API epilogue: borrowed slices instead of raw pointers.
+#[derive(Clone, Copy, Debug)]
+pub struct EpilogueRef<'a> {
+    /// Per-column bias (`n` floats).
+    pub bias: Option<&'a [f32]>,
+    /// Residual added after the activation: `(data, row_stride)`.
+    pub residual: Option<(&'a [f32], usize)>,
+    pub activation: Activation,
+    /// Multiplies A·B.
+    pub scale: f32,
+}
+
+impl Default for EpilogueRef<'_> {
+    fn default() -> Self {
+        EpilogueRef { bias: None, residual: None, activation: Activation::None, scale: 1.0 }
+    }
+}
+
+impl<'a> EpilogueRef<'a> {
+    /// Checks the slices against an m×n output and gives the raw form.
+    fn to_raw(self, m: usize, n: usize) -> Result<Epilogue, KernelError> {
+        let mut e = Epilogue { activation: self.activation as u32, scale: self.scale, ..Epilogue::NONE };
+        if let Some(b) = self.bias {
+            check_len("bias", b.len(), n)?;
+            e.bias = b.as_ptr();
+        }
+        if let Some((r, rs)) = self.residual {
+            check_len("residual", r.len(), span("residual", m, n, rs)?)?;
+            e.residual = r.as_ptr();
+            e.residual_stride = rs;
+        }
+        Ok(e)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed B
+
+/// Floats a packed B of `k`×`n` occupies: `ceil(n/NR)·NR·k`.
+pub fn packed_b_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * NR * k
+}
+
+/// B packed for [`gemm`]: `ceil(n/NR)` panels of `k×NR` floats (k-major), 64-byte aligned.
+#[derive(Clone, Debug)]
+pub struct PackedB {
+    buf: AlignedBuf,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// Rows of B (the reduction dimension).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// Columns of B (the output width).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// The packed floats ([`packed_b_len`] of them).
+    pub fn as_slice(&self) -> &[f32] {
+        self.buf.as_slice()
+    }
+}
+
+/// Packs B once. `transposed == false`: `b` is `[k, n]` row-major, element (p, j) at `b[p·ldb + j]`.
+/// `transposed == true`: `b` is `[n, k]` row-major (a PyTorch Linear weight `[out, in]`), element
+/// (p, j) at `b[j·ldb + p]`.
+pub fn pack_b(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool) -> Result<PackedB, KernelError> {
+    let mut buf = AlignedBuf::zeroed(packed_b_len(k, n));
+    pack_b_into(b, k, n, ldb, transposed, buf.as_mut_slice())?;
+    Ok(PackedB { buf, k, n })
+}
+
+/// [`pack_b`] into a caller buffer of at least [`packed_b_len`]`(k, n)` floats (for example a
+/// plan's weight arena). Use with [`gemm_prepacked`]. 64-byte alignment of `dst` is recommended.
+pub fn pack_b_into(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool, dst: &mut [f32]) -> Result<(), KernelError> {
+    let need = if transposed { span("b", n, k, ldb)? } else { span("b", k, n, ldb)? };
+    check_len("b", b.len(), need)?;
+    check_len("packed b", dst.len(), packed_b_len(k, n))?;
+    // SAFETY: lengths checked above against the extents pack_b_raw touches.
+    unsafe { pack_b_raw(b.as_ptr(), k, n, ldb, transposed, dst.as_mut_ptr()) };
+    Ok(())
+}
+
+/// Raw packing, see [`pack_b`].
+///
+/// # Safety
+/// `src` readable over the extent of the chosen layout; `dst` writable for `packed_b_len(k, n)`
+/// floats; no overlap.
+pub(crate) unsafe fn pack_b_raw(src: *const f32, k: usize, n: usize, ldb: usize, transposed: bool, dst: *mut f32) {
+    for pan in 0..n.div_ceil(NR) {
+        let j0 = pan * NR;
+        let w = NR.min(n - j0);
+        // SAFETY (whole block): every index stays inside the extents stated in the contract:
+        // p < k, j0 + jj < n, and panel offsets below packed_b_len(k, n).
+        unsafe {
+            let d = dst.add(pan * k * NR);
+            if !transposed {
+                for p in 0..k {
+                    let s = src.add(p * ldb + j0);
+                    let dp = d.add(p * NR);
+                    std::ptr::copy_nonoverlapping(s, dp, w);
+                    for jj in w..NR {
+                        *dp.add(jj) = 0.0;
+                    }
+                }
+            } else {
+                for jj in 0..w {
+                    let s = src.add((j0 + jj) * ldb);
+                    for p in 0..k {
+                        *d.add(p * NR + jj) = *s.add(p);
+                    }
+                }
+                for p in 0..k {
+                    for jj in w..NR {
+                        *d.add(p * NR + jj) = 0.0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scratch
+
+/// Floats of A-packing scratch one thread needs for an m×k A.
+pub(crate) fn apack_len(m: usize, k: usize) -> usize {
+    if k == 0 || m == 0 {
+        return 0;
+    }
+    m.min(MC).div_ceil(MR) * MR * k.min(KC) + ALIGN_SLACK
+}
+
+/// Scratch floats [`gemm`] needs to run an m×n×k product on `threads` threads. With less scratch it
+/// runs on as many threads as fit (at least one thread's worth is required).
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize, threads: usize) -> usize {
+    let _ = n;
+    threads.max(1) * apack_len(m, k)
+}
+
+/// Rounds a float pointer up to 64-byte alignment (at most 15 floats further).
+#[inline]
+pub(crate) fn align64(p: *mut f32) -> *mut f32 {
+    let mis = (p as usize) & 63;
+    if mis == 0 {
+        p
+    } else {
+        p.wrapping_add((64 - mis) / 4)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Architecture-specific pieces behind function pointers chosen once per call.
+
+/// `kernel(kc, a_strip, b_panel, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B (+ C if beta).
+type KernelFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
+/// `pack_a(a, lda, mc, kc, dst)`.
+type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
+/// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
+type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilogue, Activation);
+
+#[derive(Clone, Copy)]
+pub(crate) struct Arch {
+    kernel: KernelFn,
+    pack_a: PackAFn,
+    epilogue: EpilogueFn,
+}
+
+impl Arch {
+    pub(crate) fn for_isa(isa: Isa) -> Arch {
+        match effective_isa(isa) {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Fma => Arch { kernel: avx2::kernel, pack_a: avx2::pack_a, epilogue: avx2::epilogue },
+            _ => Arch { kernel: scalar::kernel, pack_a: scalar::pack_a, epilogue: scalar::epilogue },
+        }
+    }
+}
+
+mod scalar {
+    use super::*;
+
+    /// # Safety
+    /// `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr rows of nr floats at stride ldc.
+    pub(super) unsafe fn kernel(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        let mut acc = [[0.0f32; NR]; MR];
+        for p in 0..kc {
+            // SAFETY: p < kc, inside the packed strip and panel.
+            let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * MR), MR), std::slice::from_raw_parts(b.add(p * NR), NR)) };
+            for i in 0..MR {
+                for j in 0..NR {
+                    acc[i][j] += ap[i] * bp[j];
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate().take(mr) {
+            for (j, &v) in row.iter().enumerate().take(nr) {
+                // SAFETY: i < mr, j < nr: inside the caller's C tile.
+                unsafe {
+                    let cp = c.add(i * ldc + j);
+                    *cp = if beta { alpha * v + *cp } else { alpha * v };
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// `a` readable for mc rows of kc floats at stride lda; `dst` writable for ceil(mc/MR)·MR·kc floats.
+    pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst: *mut f32) {
+        let mut d = dst;
+        for s in (0..mc).step_by(MR) {
+            let mr = MR.min(mc - s);
+            for p in 0..kc {
+                for i in 0..MR {
+                    // SAFETY: row s + i < mc, column p < kc; d stays within the strips.
+                    unsafe {
+                        *d.add(i) = if i < mr { *a.add((s + i) * lda + p) } else { 0.0 };
+                    }
+                }
+                d = d.wrapping_add(MR);
+            }
+        }
+    }
+
+    /// # Safety
+    /// `c` is the tile (rows×cols at stride ldc); bias/residual (if set) cover columns col0+cols and rows row0+rows.
+    pub(super) unsafe fn epilogue(
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        row0: usize,
+        col0: usize,
+        e: &Epilogue,
+        act: Activation,
+    ) {
+        for i in 0..rows {
+            for j in 0..cols {
+                // SAFETY: inside the tile and the epilogue operands' extents (caller contract).
+                unsafe {
+                    let cp = c.add(i * ldc + j);
+                    let mut v = *cp;
+                    if !e.bias.is_null() {
+                        v += *e.bias.add(col0 + j);
+                    }
+                    v = act.apply(v);
+                    if !e.residual.is_null() {
+                        v += *e.residual.add((row0 + i) * e.residual_stride + col0 + j);
+                    }
+                    *cp = v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2+FMA versions. `Arch::for_isa` hands these out only after runtime detection.
+    use super::*;
+    use crate::math::avx2::{act8, tail_mask};
+    use std::arch::x86_64::*;
+
+    const NV: usize = NR / 8;
+
+    /// The 6×16 microkernel.
+    ///
+    /// # Safety
+    /// AVX2+FMA present; `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr ≤ MR rows
+    /// of nr ≤ NR floats at stride ldc.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn kernel(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+        let mut ap = a;
+        let mut bp = b;
+        for _ in 0..kc {
+            // SAFETY: kc steps of MR (a) and NR (b) floats stay inside the packed operands.
+            unsafe {
+                let mut bv = [_mm256_setzero_ps(); NV];
+                for (v, bvv) in bv.iter_mut().enumerate() {
+                    *bvv = _mm256_loadu_ps(bp.add(v * 8));
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*ap.add(i));
+                    for v in 0..NV {
+                        row[v] = _mm256_fmadd_ps(av, bv[v], row[v]);
+                    }
+                }
+                ap = ap.add(MR);
+                bp = bp.add(NR);
+            }
+        }
+        let alpha_v = _mm256_set1_ps(alpha);
+        if mr == MR && nr == NR {
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR.
+                    unsafe {
+                        let p = c.add(i * ldc + v * 8);
+                        let r = if beta { _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p)) } else { _mm256_mul_ps(x, alpha_v) };
+                        _mm256_storeu_ps(p, r);
+                    }
+                }
+            }
+        } else {
+            // Spill with constant indices (keeps `acc` in registers in the loop above), then
+            // store the valid part with masks.
+            let mut tile = [0.0f32; MR * NR];
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    // SAFETY: i*NR + v*8 + 8 <= MR*NR.
+                    unsafe { _mm256_storeu_ps(tile.as_mut_ptr().add(i * NR + v * 8), x) };
+                }
+            }
+            for i in 0..mr {
+                let mut col = 0;
+                while col < nr {
+                    let m = tail_mask(nr - col);
+                    // SAFETY: masked lanes cover only columns < nr of row i < mr.
+                    unsafe {
+                        let p = c.add(i * ldc + col);
+                        let x = _mm256_loadu_ps(tile.as_ptr().add(i * NR + col));
+                        let r = if beta {
+                            _mm256_fmadd_ps(x, alpha_v, _mm256_maskload_ps(p, m))
+                        } else {
+                            _mm256_mul_ps(x, alpha_v)
+                        };
+                        _mm256_maskstore_ps(p, m, r);
+                    }
+                    col += 8;
+                }
+            }
+        }
+    }
+
+    /// Packs mc rows × kc columns of A into MR-row strips, k-major, zero-padded to a multiple of MR rows.
+    ///
+    /// # Safety
+    /// AVX2 present; `a` readable for mc rows of kc floats at stride lda; `dst` writable for
+    /// ceil(mc/MR)·MR·kc floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst: *mut f32) {
+        let mut d = dst;
+        let mut s = 0;
+        while s < mc {
+            let mr = MR.min(mc - s);
+            if mr == MR {
+                // 8 columns at a time: load 8 floats of each of the 6 rows, write 8 groups of 6.
+                let mut p = 0;
+                while p + 8 <= kc {
+                    // SAFETY: rows s..s+6 < mc, columns p..p+8 <= kc; 48 floats written at d.
+                    unsafe {
+                        let r: [__m256; MR] = [
+                            _mm256_loadu_ps(a.add(s * lda + p)),
+                            _mm256_loadu_ps(a.add((s + 1) * lda + p)),
+                            _mm256_loadu_ps(a.add((s + 2) * lda + p)),
+                            _mm256_loadu_ps(a.add((s + 3) * lda + p)),
+                            _mm256_loadu_ps(a.add((s + 4) * lda + p)),
+                            _mm256_loadu_ps(a.add((s + 5) * lda + p)),
+                        ];
+                        let mut t = [0.0f32; 8 * MR];
+                        // t[i*8 + q] = row i, column q; then gather by column.
+                        for (i, v) in r.iter().enumerate() {
+                            _mm256_storeu_ps(t.as_mut_ptr().add(i * 8), *v);
+                        }
+                        for q in 0..8 {
+                            for i in 0..MR {
+                                *d.add(q * MR + i) = t[i * 8 + q];
+                            }
+                        }
+                        d = d.add(8 * MR);
+                    }
+                    p += 8;
+                }
+                while p < kc {
+                    for i in 0..MR {
+                        // SAFETY: row s+i < mc, column p < kc.
+                        unsafe { *d.add(i) = *a.add((s + i) * lda + p) };
+                    }
+                    d = d.wrapping_add(MR);
+                    p += 1;
+                }
+            } else {
+                for p in 0..kc {
+                    for i in 0..MR {
+                        // SAFETY: row s+i < mc when read; d within the strip.
+                        unsafe { *d.add(i) = if i < mr { *a.add((s + i) * lda + p) } else { 0.0 } };
+                    }
+                    d = d.wrapping_add(MR);
+                }
+            }
+            s += MR;
+        }
+    }
+
+    /// Bias, activation and residual on one C tile.
+    ///
+    /// # Safety
+    /// AVX2+FMA present; `c` is the tile (rows×cols at stride ldc); bias/residual (when set) cover
+    /// columns col0..col0+cols and rows row0..row0+rows.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn epilogue(
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        row0: usize,
+        col0: usize,
+        e: &Epilogue,
+        act: Activation,
+    ) {
+        for i in 0..rows {
+            let mut j = 0;
+            while j < cols {
+                let m = tail_mask(cols - j);
+                // SAFETY: masked lanes cover columns j..min(j+8, cols) of row i only.
+                unsafe {
+                    let cp = c.add(i * ldc + j);
+                    let mut v = _mm256_maskload_ps(cp, m);
+                    if !e.bias.is_null() {
+                        v = _mm256_add_ps(v, _mm256_maskload_ps(e.bias.add(col0 + j), m));
+                    }
+                    v = act8(act, v);
+                    if !e.residual.is_null() {
+                        let rp = e.residual.add((row0 + i) * e.residual_stride + col0 + j);
+                        v = _mm256_add_ps(v, _mm256_maskload_ps(rp, m));
+                    }
+                    _mm256_maskstore_ps(cp, m, v);
+                }
+                j += 8;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drivers
+
+/// One GEMM problem in raw form.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmDesc {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    /// Packed B (see module docs).
+    pub b: *const f32,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub accumulate: bool,
+    pub epi: Epilogue,
+    pub act: Activation,
+}
+
+// SAFETY: a GemmDesc is shared by the threads of one call; they read A, B and the epilogue operands
+// and write disjoint parts of C (disjoint row or panel ranges), which is what the callers guarantee.
+unsafe impl Sync for GemmDesc {}
+// SAFETY: as above.
+unsafe impl Send for GemmDesc {}
+
+/// Runs rows `r0..r1` × panels `p0..p1` of `d` on the calling thread.
+///
+/// # Safety
+/// `d` describes valid operands (A: m rows × k at lda; B: packed k×n; C: m rows × n at ldc;
+/// epilogue extents); `apack` writable for `apack_len(r1 - r0, k)` floats minus the alignment slack
+/// and 64-byte aligned; no other thread writes the same C range.
+pub(crate) unsafe fn gemm_block(d: &GemmDesc, r0: usize, r1: usize, p0: usize, p1: usize, apack: *mut f32, arch: &Arch) {
+    let post = d.epi.has_post();
+    if d.k == 0 {
+        for p in p0..p1 {
+            let col0 = p * NR;
+            let nr = NR.min(d.n - col0);
+            for i in r0..r1 {
+                if !d.accumulate {
+                    // SAFETY: row i < m, columns col0..col0+nr < n.
+                    unsafe { std::ptr::write_bytes(d.c.add(i * d.ldc + col0), 0, nr) };
+                }
+            }
+            if post {
+                // SAFETY: the tile rows r0..r1 × columns col0..col0+nr is inside C.
+                unsafe { (arch.epilogue)(d.c.add(r0 * d.ldc + col0), d.ldc, r1 - r0, nr, r0, col0, &d.epi, d.act) };
+            }
+        }
+        return;
+    }
+    let alpha = d.epi.scale;
+    let mut kc0 = 0;
+    while kc0 < d.k {
+        let kc = KC.min(d.k - kc0);
+        let beta = d.accumulate || kc0 > 0;
+        let last = kc0 + kc == d.k;
+        let mut mc0 = r0;
+        while mc0 < r1 {
+            let mc = MC.min(r1 - mc0);
+            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
+            unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
+            for p in p0..p1 {
+                let col0 = p * NR;
+                let nr = NR.min(d.n - col0);
+                // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
+                let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                let mut ir = 0;
+                while ir < mc {
+                    let mr = MR.min(mc - ir);
+                    // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; the strip
+                    // at ir·kc is inside the packed block.
+                    unsafe {
+                        let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                        (arch.kernel)(kc, apack.add(ir * kc), bp, cp, d.ldc, alpha, beta, mr, nr);
+                        if last && post {
+                            (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
+                        }
+                    }
+                    ir += MR;
+                }
+            }
+            mc0 += mc;
+        }
+        kc0 += kc;
+    }
+}
+
+/// How a GEMM's work is cut across threads.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Decide from the shape.
+    Auto,
+    /// Contiguous ranges of B panels (each thread packs all of A).
+    Panels,
+    /// Contiguous ranges of A rows (each thread streams all of B).
+    Rows,
+}
+
+/// Raw multi-threaded GEMM.
+///
+/// # Safety
+/// `d` describes valid operands (see [`gemm_block`]); `scratch` writable for `scratch_len` floats
+/// and disjoint from every operand.
+pub(crate) unsafe fn gemm_raw(
+    d: &GemmDesc,
+    scratch: *mut f32,
+    scratch_len: usize,
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+    split: Split,
+) -> Result<(), KernelError> {
+    if d.m == 0 || d.n == 0 {
+        return Ok(());
+    }
+    let arch = Arch::for_isa(isa);
+    let per = apack_len(d.m, d.k);
+    if scratch_len < per {
+        return Err(KernelError::ScratchTooSmall { needed: per, got: scratch_len });
+    }
+    let fit = if per == 0 { usize::MAX } else { scratch_len / per };
+    let mut threads = pool.map_or(1, |p| p.threads()).min(fit);
+    if d.m * d.n * d.k.max(1) < PAR_MIN_MACS {
+        threads = 1;
+    }
+    let n_panels = d.n.div_ceil(NR);
+    let m_strips = d.m.div_ceil(MR);
+    let by_rows = match split {
+        Split::Rows => true,
+        Split::Panels => false,
+        Split::Auto => m_strips > n_panels,
+    };
+    let units = if by_rows { m_strips } else { n_panels };
+    let tasks = threads.min(units).max(1);
+    let sp = scratch as usize;
+    let body = |t: usize| {
+        let u0 = t * units / tasks;
+        let u1 = (t + 1) * units / tasks;
+        let (r0, r1, p0, p1) =
+            if by_rows { ((u0 * MR).min(d.m), (u1 * MR).min(d.m), 0, n_panels) } else { (0, d.m, u0, u1) };
+        let apack = align64((sp as *mut f32).wrapping_add(t * per));
+        // SAFETY: task t owns scratch region t (t < tasks <= fit) and a disjoint range of rows or
+        // panels of C; the operands are valid per this function's contract.
+        unsafe { gemm_block(d, r0, r1, p0, p1, apack, &arch) };
+    };
+    match pool {
+        Some(p) if tasks > 1 => p.run(tasks, &body),
+        _ => body(0),
+    }
+    Ok(())
+}
+
+/// Validates a safe-API GEMM and builds its raw description.
+#[allow(clippy::too_many_arguments)]
+fn desc(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+) -> Result<GemmDesc, KernelError> {
+    check_len("a", a.len(), span("a", m, k, lda)?)?;
+    check_len("packed b", b.len(), packed_b_len(k, n))?;
+    check_len("c", c.len(), span("c", m, n, ldc)?)?;
+    let e = epi.to_raw(m, n)?;
+    Ok(GemmDesc {
+        m,
+        n,
+        k,
+        a: a.as_ptr(),
+        lda,
+        b: b.as_ptr(),
+        c: c.as_mut_ptr(),
+        ldc,
+        accumulate,
+        epi: e,
+        act: epi.activation,
+    })
+}
+
+/// `C[m×n] = epilogue(scale·A·B (+ C))` with B packed by [`pack_b`].
+///
+/// `a`: m rows of `b.k()` floats at row stride `lda`; `c`: m rows of `b.n()` floats at stride `ldc`.
+/// `scratch`: at least `gemm_scratch_len(m, n, k, 1)` floats; with `pool` the work is split over as
+/// many of its threads as the scratch has room for.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    gemm_prepacked(m, b.k, b.n, a, lda, b.as_slice(), c, ldc, accumulate, epi, scratch, pool, crate::detect_isa())
+}
+
+/// [`gemm`] with B given as a packed slice (from [`pack_b_into`]) and a chosen ISA
+/// (`Isa::Scalar` forces the portable path).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_prepacked(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
+    gemm_split(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi, scratch, pool, isa, Split::Auto)
+}
+
+/// [`gemm_prepacked`] with a forced work split (benchmarks and tests).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_split(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+    split: Split,
+) -> Result<(), KernelError> {
+    let d = desc(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi)?;
+    // SAFETY: desc checked every operand extent; scratch is a distinct &mut borrow.
+    unsafe { gemm_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, split) }
+}
