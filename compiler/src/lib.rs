@@ -2,6 +2,7 @@
 //! backends that lower a graph for one bucket.
 
 pub mod backends;
+pub mod codegen;
 pub mod ir;
 pub mod models;
 pub mod kernel_ir;

@@ -55,7 +55,9 @@ pub struct LaunchSpec {
 /// A graph input or output living in the arena.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IoSlot {
-    pub offset: u64,
+    /// Byte offset in the arena; `None` for a graph input that no kernel reads (its type is
+    /// still checked, nothing is copied).
+    pub offset: Option<u64>,
     pub dtype: DType,
     /// Concrete shape for the plan's bucket.
     pub shape: Vec<usize>,
@@ -131,13 +133,21 @@ impl CudaPlanSpec {
         }
         let entries = ptx_entries(&self.ptx);
         let check_slot = |what: &str, i: usize, s: &IoSlot| -> Result<()> {
-            if s.offset.checked_add(s.bytes()).is_none_or(|end| end > self.arena_bytes) {
+            let Some(offset) = s.offset else {
+                if what == "output" {
+                    return Err(Error::Artifact {
+                        message: format!("GPU plan for bucket {}: output {i} has no arena slot", self.bucket),
+                    });
+                }
+                return Ok(());
+            };
+            if offset.checked_add(s.bytes()).is_none_or(|end| end > self.arena_bytes) {
                 return Err(Error::Artifact {
                     message: format!(
                         "GPU plan for bucket {}: {what} {i} ({} bytes at {}) lies outside the {}-byte arena",
                         self.bucket,
                         s.bytes(),
-                        s.offset,
+                        offset,
                         self.arena_bytes
                     ),
                 });
@@ -631,6 +641,7 @@ mod exec {
             }
             let stream = self.dev.stream.cu_stream();
             for (i, (t, slot)) in batch.tensors.iter().zip(&self.spec.inputs).enumerate() {
+                let Some(offset) = slot.offset else { continue };
                 if t.dtype() != slot.dtype || t.shape != slot.shape {
                     return Err(Error::bad_batch(format!(
                         "input {i} is {} {:?}; the plan for bucket {} needs {} {:?}",
@@ -644,7 +655,7 @@ mod exec {
                 let bytes = tensor_bytes(&t.data);
                 // SAFETY: `validate` checked the slot lies inside the arena; the host memory stays
                 // alive until the stream is synchronized below.
-                unsafe { result::memcpy_htod_async(self.arena.ptr + slot.offset, bytes, stream) }
+                unsafe { result::memcpy_htod_async(self.arena.ptr + offset, bytes, stream) }
                     .map_err(|e| drv(&format!("copying input {i} to the device"), e))?;
             }
             if self.use_graph && self.graph.is_none() {
@@ -665,9 +676,10 @@ mod exec {
                         slot.shape
                     )));
                 }
+                let offset = slot.offset.expect("validated: outputs have slots");
                 let bytes = tensor_bytes_mut(&mut t.data);
                 // SAFETY: as above; synchronized before `bytes` is read or dropped.
-                unsafe { result::memcpy_dtoh_async(bytes, self.arena.ptr + slot.offset, stream) }
+                unsafe { result::memcpy_dtoh_async(bytes, self.arena.ptr + offset, stream) }
                     .map_err(|e| drv(&format!("copying output {i} to the host"), e))?;
             }
             self.dev.stream.synchronize().map_err(|e| drv("running the plan", e))?;
@@ -718,8 +730,8 @@ mod tests {
                 shared_bytes: 0,
                 args: vec![KernelArg::Arena { offset: 0 }],
             }],
-            inputs: vec![IoSlot { offset: 0, dtype: DType::I64, shape: vec![1, 8] }],
-            outputs: vec![IoSlot { offset: 64, dtype: DType::F32, shape: vec![1, 8] }],
+            inputs: vec![IoSlot { offset: Some(0), dtype: DType::I64, shape: vec![1, 8] }],
+            outputs: vec![IoSlot { offset: Some(64), dtype: DType::F32, shape: vec![1, 8] }],
             weights: vec![],
             constants: vec![],
         }
@@ -741,7 +753,7 @@ mod tests {
         s.launches[0].kernel = "nope".into();
         assert!(matches!(s.validate(), Err(Error::Artifact { .. })));
         let mut s = spec();
-        s.outputs[0].offset = 1000;
+        s.outputs[0].offset = Some(1000);
         assert!(s.validate().unwrap_err().to_string().contains("outside the 1024-byte arena"));
         let mut s = spec();
         s.launches[0].block = [2048, 1, 1];

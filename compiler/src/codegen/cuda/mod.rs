@@ -1,0 +1,120 @@
+//! The CUDA code generator: kernel IR → CUDA C (templates of `kernels/cuda/` specialized with
+//! the bucket's static shapes) → PTX (NVRTC) and, where `ptxas` is installed, a cubin → a
+//! serializable [`CudaPlanSpec`] (code + launch list + arena size) that the runtime's driver-API
+//! executor loads.
+//!
+//! | kernel IR | template | notes |
+//! |---|---|---|
+//! | elementwise / copy | `elementwise.cuh` | one thread per element, strided loads |
+//! | gemm (+ epilogue) | `gemm_simt.cuh`, `gemm_mma.cuh` | f32: shared-memory tiled SIMT (64x64 or 32x32 tiles); f16/bf16 on sm_80+: tensor cores, `mma.sync.m16n8k16`, f32 accumulate |
+//! | layer_norm / rms_norm / softmax | `rownorm.cuh` | a warp per row (≤ 1024 cols) or a block per row, warp-shuffle reductions, row in registers |
+//! | attention | `attention.cuh` | flash-style: K/V tiles in shared memory, online softmax, scores never stored |
+//! | reduce | `reduce.cuh` | a warp per output element |
+//! | gather / concat | `gather.cuh`, `concat.cuh` | one thread per element |
+//!
+//! [`emu`] runs the emitted CUDA C on the host (C++20 threads), which is how the generated
+//! kernels are tested on machines without a GPU.
+
+pub mod emit;
+pub mod emu;
+pub mod nvrtc;
+pub mod template;
+
+pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, EmittedModule, Param, Placement};
+
+use kiln_runtime::cuda::{CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightSlot, CUDA_PLAN_VERSION};
+use kiln_runtime::{Error, Graph, Result};
+
+use crate::kernel_ir::KernelProgram;
+
+/// The launch list and I/O bindings of an emitted module, with empty code: the plan minus PTX.
+pub fn plan_skeleton(
+    program: &KernelProgram,
+    place: &Placement,
+    module: &EmittedModule,
+    weights: Vec<WeightSlot>,
+) -> Result<CudaPlanSpec> {
+    let arg = |b: crate::kernel_ir::BufferId| -> KernelArg {
+        match place.locs[b.index()] {
+            BufLoc::Arena { offset } => KernelArg::Arena { offset },
+            BufLoc::Weight { index } => KernelArg::Weight { index },
+            BufLoc::Const { index } => KernelArg::Const { index },
+        }
+    };
+    let launches = module
+        .kernels
+        .iter()
+        .map(|k| LaunchSpec {
+            kernel: k.name.clone(),
+            grid: k.grid,
+            block: k.block,
+            shared_bytes: k.shared_bytes,
+            args: k.params.iter().map(|p| arg(p.buffer)).collect(),
+        })
+        .collect();
+    let slot = |b: crate::kernel_ir::BufferId| -> Result<IoSlot> {
+        let buf = program.buffer(b);
+        match place.locs[b.index()] {
+            BufLoc::Arena { offset } => Ok(IoSlot { offset: Some(offset), dtype: buf.dtype, shape: buf.shape.clone() }),
+            other => Err(Error::Backend(format!("graph input/output `{}` placed at {other:?}, not in the arena", buf.name))),
+        }
+    };
+    let mut inputs = Vec::with_capacity(program.inputs.len());
+    for (i, b) in program.inputs.iter().enumerate() {
+        match b {
+            Some(b) => inputs.push(slot(*b)?),
+            None => {
+                // An input no kernel reads: the runtime checks its type and copies nothing.
+                let _ = i;
+                inputs.push(IoSlot { offset: None, dtype: kiln_runtime::DType::I64, shape: vec![] });
+            }
+        }
+    }
+    let outputs = program.outputs.iter().map(|&b| slot(b)).collect::<Result<Vec<_>>>()?;
+    Ok(CudaPlanSpec {
+        version: CUDA_PLAN_VERSION,
+        bucket: program.bucket,
+        arch: module.target.arch.clone(),
+        ptx: String::new(),
+        cubin: None,
+        arena_bytes: place.arena_bytes,
+        launches,
+        inputs,
+        outputs,
+        weights,
+        constants: place.constants.clone(),
+    })
+}
+
+/// The weight table of `graph` as the plan records it (checkpoint dtype and shape).
+pub fn weight_slots(graph: &Graph) -> Vec<WeightSlot> {
+    graph.weights.iter().map(|w| WeightSlot { dtype: w.dtype, shape: w.shape.clone() }).collect()
+}
+
+/// A program compiled for one GPU architecture.
+#[derive(Debug, Clone)]
+pub struct CompiledCuda {
+    pub module: EmittedModule,
+    pub spec: CudaPlanSpec,
+}
+
+/// Emits `program`, compiles it with NVRTC (and ptxas where installed) for `target`, and
+/// returns the serializable plan. Needs NVRTC, not a GPU.
+pub fn compile_program(
+    program: &KernelProgram,
+    place: &Placement,
+    target: &CudaTarget,
+    weights: Vec<WeightSlot>,
+) -> Result<CompiledCuda> {
+    let module = emit_program(program, place, target)?;
+    let mut spec = plan_skeleton(program, place, &module, weights)?;
+    spec.ptx = nvrtc::compile_ptx(&module.source, &target.arch, &format!("kiln_{}", program.bucket))?;
+    spec.cubin = match nvrtc::ptxas_cubin(&spec.ptx, &target.arch) {
+        None => None,
+        Some(Ok(c)) => Some(c),
+        // A broken ptxas install must not stop lowering: the driver JIT-compiles the PTX.
+        Some(Err(_)) => None,
+    };
+    spec.validate()?;
+    Ok(CompiledCuda { module, spec })
+}

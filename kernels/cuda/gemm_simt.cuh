@@ -1,0 +1,59 @@
+// Batched GEMM, f32 SIMT: out[b,i,j] = epilogue(alpha * sum_p A[b,i,p] * B[b,p,j]).
+// A {{BM}}x{{BN}} output tile per block, {{BK}}-deep slices of A and B staged in shared memory,
+// a {{TM}}x{{TN}} register tile per thread (rows ty + r*{{TY}}, cols tx + c*{{TX}}: conflict-free
+// shared reads, coalesced stores). blockIdx.z walks the batch.
+extern "C" __global__ void __launch_bounds__({{THREADS}}) {{NAME}}({{PARAMS}}) {
+    __shared__ float As[{{BK}}][{{BM}} + 4];
+    __shared__ float Bs[{{BK}}][{{BN}} + 4];
+    const unsigned tid = threadIdx.x;
+    const unsigned tx = tid % {{TX}}u, ty = tid / {{TX}}u;
+    const unsigned m0 = blockIdx.y * {{BM}}u, n0 = blockIdx.x * {{BN}}u;
+{{BATCH}}
+    float acc[{{TM}}][{{TN}}];
+#pragma unroll
+    for (int r = 0; r < {{TM}}; ++r)
+#pragma unroll
+        for (int c = 0; c < {{TN}}; ++c) acc[r][c] = 0.0f;
+    for (unsigned k0 = 0; k0 < {{K}}u; k0 += {{BK}}u) {
+#pragma unroll
+        for (int r = 0; r < {{A_PER}}; ++r) {
+            const unsigned e = tid + (unsigned)r * {{THREADS}}u;
+            const unsigned mm = {{A_MM}}, kk = {{A_KK}};
+            const unsigned gm = m0 + mm, gk = k0 + kk;
+            As[kk][mm] = (gm < {{M}}u && gk < {{K}}u) ? {{A_LOAD}} : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < {{B_PER}}; ++r) {
+            const unsigned e = tid + (unsigned)r * {{THREADS}}u;
+            const unsigned kk = {{B_KK}}, nn = {{B_NN}};
+            const unsigned gk = k0 + kk, gn = n0 + nn;
+            Bs[kk][nn] = (gk < {{K}}u && gn < {{N}}u) ? {{B_LOAD}} : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < {{BK}}; ++kk) {
+            float a[{{TM}}], b[{{TN}}];
+#pragma unroll
+            for (int r = 0; r < {{TM}}; ++r) a[r] = As[kk][ty + (unsigned)r * {{TY}}u];
+#pragma unroll
+            for (int c = 0; c < {{TN}}; ++c) b[c] = Bs[kk][tx + (unsigned)c * {{TX}}u];
+#pragma unroll
+            for (int r = 0; r < {{TM}}; ++r)
+#pragma unroll
+                for (int c = 0; c < {{TN}}; ++c) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < {{TM}}; ++r) {
+        const unsigned gi = m0 + ty + (unsigned)r * {{TY}}u;
+#pragma unroll
+        for (int c = 0; c < {{TN}}; ++c) {
+            const unsigned gj = n0 + tx + (unsigned)c * {{TX}}u;
+            if (gi < {{M}}u && gj < {{N}}u) {
+                const float kiln_acc = {{ALPHA}} * acc[r][c];
+{{EPILOGUE}}
+            }
+        }
+    }
+}
