@@ -403,12 +403,19 @@ fn backend_run_checks_batch_and_outputs() {
     assert_eq!(be.weight_bytes(&w), 15 * 8);
     let bucket = Bucket::new(2, 4);
     let mut plan = be.lower(&w, &g, bucket).unwrap();
-    // ids (i64 2x4) + gather (f64 2x4x3) + tanh (f64 2x4x3), all in f64.
-    assert_eq!(be.plan_bytes(&plan), (8 + 24 + 24) * 8);
+    // Values ids (2x4), gather (2x4x3), tanh (2x4x3), all f64: the ids buffer is free once the
+    // gather has run, and is grown for tanh instead of a third buffer being made.
+    assert_eq!(be.plan_bytes(&plan), (24 + 24) * 8);
+    let keep = be.lower_keeping_all(&w, &g, bucket).unwrap();
+    assert_eq!(be.plan_bytes(&keep), (8 + 24 + 24) * 8);
 
     let good = Batch { tensors: vec![HostTensor::i64(vec![2, 4], vec![0, 1, 2, 3, 4, 0, 1, 2]).unwrap()] };
     let mut out = Outputs::for_bucket(&g, bucket);
     be.run(&mut plan, &good, &mut out).unwrap();
+    // The ids' buffer was reused: only the output (and weights) can still be read.
+    assert_eq!(plan.value(kiln_runtime::ValueId(0)), None);
+    assert!(plan.value(kiln_runtime::ValueId(1)).is_some()); // the weight
+    assert_eq!(plan.value(g.outputs[0]).map(|v| v.len()), Some(24));
     assert_close(&out.tensors[0], &[2, 4, 3], &{
         let ids = [0, 1, 2, 3, 4, 0, 1, 2];
         ids.iter().flat_map(|&r| (0..3).map(move |c| ((r * 3 + c) as f64 * 0.1f32 as f64).tanh())).collect::<Vec<_>>()
@@ -568,4 +575,94 @@ fn minilm_sized_encoder_runs_quickly() {
     }
     // Generous bound: a dev build on a loaded 2-core machine should still stay far under it.
     assert!(run_s < 20.0, "reference run took {run_s:.1} s");
+
+    // Buffer reuse changes nothing: a plan that keeps every value gives the same bits.
+    let mut keep = be.lower_keeping_all(&w, &g, bucket).unwrap();
+    let mut out2 = Outputs::for_bucket(&g, bucket);
+    be.run(&mut keep, &batch, &mut out2).unwrap();
+    assert_eq!(out, out2);
+    assert!(be.plan_bytes(&plan) * 4 < be.plan_bytes(&keep), "reuse should shrink the plan");
+    eprintln!("keep-all plan {:.1} MB", be.plan_bytes(&keep) as f64 / 1e6);
+}
+
+/// A one-layer encoder through the interpreter against the same math written out as plain loops
+/// over rows: checks that reshapes, head transposes, the broadcast mask and the linear layers
+/// compose the way a BERT layer means them to.
+#[test]
+fn tiny_encoder_matches_a_direct_implementation() {
+    let (hidden, heads, ffn, vocab) = (8, 2, 16, 20);
+    let dh = hidden / heads;
+    let g = minilm_like(1, hidden, heads, ffn, vocab);
+    let mut rng = Lcg(7);
+    let mut by_name = std::collections::HashMap::new();
+    let weights: Vec<HostTensor> = g
+        .weights
+        .iter()
+        .map(|w| {
+            let n: usize = w.shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| rng.next() * 20.0 + if w.name.ends_with(".g") { 1.0 } else { 0.0 }).collect();
+            by_name.insert(w.name.clone(), v.iter().map(|&x| x as f64).collect::<Vec<f64>>());
+            HostTensor::f32(w.shape.clone(), v).unwrap()
+        })
+        .collect();
+    let w = |n: &str| by_name[n].as_slice();
+    let seqs = vec![vec![3i64, 17, 5], vec![11, 2]];
+    let batch = Batch::from_token_ids(&g, &seqs).unwrap();
+    let out = interpret(&g, &weights, &batch.tensors, Bucket::new(2, 3)).unwrap();
+
+    type M = Vec<Vec<f64>>;
+    let linear = |x: &M, wt: &[f64], b: &[f64], n_out: usize| -> M {
+        x.iter()
+            .map(|row| (0..n_out).map(|o| b[o] + row.iter().enumerate().map(|(i, v)| v * wt[o * row.len() + i]).sum::<f64>()).collect())
+            .collect()
+    };
+    let eps = 1e-12f32 as f64;
+    let ln = |x: &M, gm: &[f64], bt: &[f64]| -> M {
+        x.iter()
+            .map(|r| {
+                let m = r.iter().sum::<f64>() / r.len() as f64;
+                let var = r.iter().map(|v| (v - m).powi(2)).sum::<f64>() / r.len() as f64;
+                r.iter().enumerate().map(|(i, v)| (v - m) / (var + eps).sqrt() * gm[i] + bt[i]).collect()
+            })
+            .collect()
+    };
+    let add = |a: &M, b: &M| -> M { a.iter().zip(b).map(|(x, y)| x.iter().zip(y).map(|(p, q)| p + q).collect()).collect() };
+    let scale = (1.0 / (dh as f32).sqrt()) as f64;
+    let mut want = Vec::new();
+    for s in &seqs {
+        let seq = 3;
+        let ids: Vec<usize> = (0..seq).map(|t| s.get(t).copied().unwrap_or(0) as usize).collect();
+        let mask: Vec<f64> = (0..seq).map(|t| if t < s.len() { 0.0 } else { -1e4 }).collect();
+        let e: M = (0..seq)
+            .map(|t| (0..hidden).map(|c| w("word")[ids[t] * hidden + c] + w("pos")[t * hidden + c]).collect())
+            .collect();
+        let x = ln(&e, w("emb.ln.g"), w("emb.ln.b"));
+        let q = linear(&x, w("l0.q.w"), w("l0.q.b"), hidden);
+        let k = linear(&x, w("l0.k.w"), w("l0.k.b"), hidden);
+        let v = linear(&x, w("l0.v.w"), w("l0.v.b"), hidden);
+        let mut ctx = vec![vec![0.0; hidden]; seq];
+        for h in 0..heads {
+            for i in 0..seq {
+                let sc: Vec<f64> = (0..seq)
+                    .map(|j| (0..dh).map(|d| q[i][h * dh + d] * k[j][h * dh + d]).sum::<f64>() * scale + mask[j])
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ex: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
+                let z: f64 = ex.iter().sum();
+                for d in 0..dh {
+                    ctx[i][h * dh + d] = (0..seq).map(|j| ex[j] / z * v[j][h * dh + d]).sum();
+                }
+            }
+        }
+        let o = linear(&ctx, w("l0.o.w"), w("l0.o.b"), hidden);
+        let h1 = ln(&add(&o, &x), w("l0.ln1.g"), w("l0.ln1.b"));
+        let f: M = linear(&h1, w("l0.i.w"), w("l0.i.b"), ffn)
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v * 0.5 * (1.0 + libm::erf(v / std::f64::consts::SQRT_2))).collect())
+            .collect();
+        let f2 = linear(&f, w("l0.f.w"), w("l0.f.b"), hidden);
+        let y = ln(&add(&f2, &h1), w("l0.ln2.g"), w("l0.ln2.b"));
+        want.extend(y.into_iter().flatten());
+    }
+    assert_close(&out[0], &[2, 3, hidden], &want);
 }

@@ -12,8 +12,11 @@
 //! - A gather id outside `[0, vocab)` is an `Error::Graph` naming the gather node and the id.
 //!
 //! `lower` validates the graph for the bucket, resolves every shape, precomputes every stride
-//! and allocates every buffer (one `Vec<f64>` per value; weights are read in place and a
-//! `Reshape` aliases its input). `run` only checks its arguments and loops over the steps.
+//! and allocates every buffer; `run` only checks its arguments and loops over the steps.
+//! Weights are read in place and a `Reshape` reads its input's buffer. The other values get
+//! f64 buffers that are reused once every reader of a value has run (best fit by size), so a
+//! plan holds about a layer's worth of activations, not the whole graph's;
+//! [`ReferenceBackend::lower_keeping_all`] keeps every value for inspection instead.
 
 mod kernels;
 
@@ -56,15 +59,15 @@ impl ReferenceWeights {
 /// Where a value's data lives.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Src {
-    /// The buffer of value `i` (`ReferencePlan::values[i]`).
-    Value(usize),
+    /// The first `len` elements of buffer `buf` (`ReferencePlan::buffers`).
+    Buf { buf: usize, len: usize },
     /// Weight-table entry `i`.
     Weight(usize),
 }
 
-fn read<'a>(values: &'a [Vec<f64>], weights: &'a [WeightArray], s: Src) -> &'a [f64] {
+fn read<'a>(buffers: &'a [Vec<f64>], weights: &'a [WeightArray], s: Src) -> &'a [f64] {
     match s {
-        Src::Value(i) => &values[i],
+        Src::Buf { buf, len } => &buffers[buf][..len],
         Src::Weight(i) => &weights[i].data,
     }
 }
@@ -105,9 +108,12 @@ enum Kernel {
     Cast { to: DType, x: Src },
 }
 
+/// One node's work: `kernel` writes the first `len` elements of buffer `out`.
 #[derive(Debug)]
 struct Step {
     node: usize,
+    out: usize,
+    len: usize,
     kernel: Kernel,
 }
 
@@ -121,8 +127,11 @@ pub struct ReferencePlan {
     shapes: Vec<Vec<usize>>,
     /// Where every value's data lives.
     srcs: Vec<Src>,
-    /// One buffer per value; empty for weights and reshapes (they read another's data).
-    values: Vec<Vec<f64>>,
+    /// Whether a value's data is still in its buffer after a run (graph outputs, constants,
+    /// weights; every value in a plan from `lower_keeping_all`).
+    kept: Vec<bool>,
+    /// Activation buffers, shared by values whose lifetimes do not overlap.
+    buffers: Vec<Vec<f64>>,
     /// Room for a transposed matmul operand (made row-major before the i-k-j loop), one for
     /// `a` and one for `b`, shared by every matmul of the plan and sized for the largest.
     scratch: [Vec<f64>; 2],
@@ -140,14 +149,16 @@ impl ReferencePlan {
     }
 
     /// The f64 data of `v` as of the last run (zeros before the first run, except constants
-    /// and weights).
-    pub fn value(&self, v: ValueId) -> &[f64] {
-        read(&self.values, self.weights.arrays(), self.srcs[v.index()])
+    /// and weights), or `None` when its buffer has been reused by a later value (see
+    /// [`ReferenceBackend::lower_keeping_all`]).
+    pub fn value(&self, v: ValueId) -> Option<&[f64]> {
+        let i = v.index();
+        (i < self.srcs.len() && self.kept[i]).then(|| read(&self.buffers, self.weights.arrays(), self.srcs[i]))
     }
 
-    /// Bytes the plan owns: value buffers and matmul scratch.
+    /// Bytes the plan owns: activation buffers and matmul scratch.
     pub fn bytes(&self) -> usize {
-        let elems: usize = self.values.iter().chain(&self.scratch).map(|v| v.len()).sum();
+        let elems: usize = self.buffers.iter().chain(&self.scratch).map(|v| v.len()).sum();
         elems * std::mem::size_of::<f64>()
     }
 
@@ -179,49 +190,14 @@ impl ReferencePlan {
 
     /// Runs every step on `inputs` (already checked).
     fn execute(&mut self, inputs: &[HostTensor]) -> Result<()> {
-        let ReferencePlan { graph, steps, values, weights, scratch, .. } = self;
-        let weights = weights.arrays();
+        let ReferencePlan { graph, steps, buffers, weights, scratch, .. } = self;
         for step in steps.iter_mut() {
-            let (done, rest) = values.split_at_mut(step.node);
-            let out = &mut rest[0][..];
-            let get = |s: Src| read(done, weights, s);
-            match &mut step.kernel {
-                Kernel::Input { index } => load(out, &inputs[*index].data),
-                Kernel::MatMul(mm) => matmul(mm, out, get(mm.a), get(mm.b), scratch),
-                Kernel::Binary { op, int, a, b, walk } => kernels::binary(*op, *int, walk, out, get(*a), get(*b)),
-                Kernel::Unary { op, x } => kernels::unary(*op, out, get(*x)),
-                Kernel::Softmax { x, mask, outer, n, inner } => {
-                    match mask {
-                        Some((m, walk)) => kernels::binary(BinaryOp::Add, false, walk, out, get(*x), get(*m)),
-                        None => out.copy_from_slice(get(*x)),
-                    }
-                    kernels::softmax_in_place(out, *outer, *n, *inner);
-                }
-                Kernel::LayerNorm { x, gamma, beta, h, eps } => {
-                    kernels::layer_norm(out, get(*x), get(*gamma), get(*beta), *h, *eps)
-                }
-                Kernel::RmsNorm { x, gamma, h, eps } => kernels::rms_norm(out, get(*x), get(*gamma), *h, *eps),
-                Kernel::Copy { x, walk } => kernels::copy(walk, out, get(*x)),
-                Kernel::Gather { table, ids, vocab, h } => {
-                    kernels::gather(out, get(*table), get(*ids), *vocab, *h).map_err(|(pos, id)| {
-                        Error::graph(
-                            &graph.nodes[step.node].name,
-                            format!("gather id {id} (at flat position {pos} of the ids) is out of range [0, {vocab})"),
-                        )
-                    })?
-                }
-                Kernel::Concat { parts, outer } => {
-                    // At most 64 parts (the IR's limit): a fixed array keeps `run` allocation-free.
-                    let mut views: [(&[f64], usize); 64] = [(&[], 0); 64];
-                    for (v, &(s, chunk)) in views.iter_mut().zip(parts.iter()) {
-                        *v = (get(s), chunk);
-                    }
-                    kernels::concat(out, &views[..parts.len()], *outer)
-                }
-                Kernel::Reduce { op, int, x, walk, count } => kernels::reduce(*op, *int, walk, out, get(*x), *count),
-                Kernel::Where { cond, a, b, walk } => kernels::where_(walk, out, get(*cond), get(*a), get(*b)),
-                Kernel::Cast { to, x } => kernels::cast(*to, out, get(*x)),
-            }
+            // Move the output buffer out while the step reads the others (it is never one of
+            // its own inputs: a buffer is reused only after its value's last reader has run).
+            let mut out = std::mem::take(&mut buffers[step.out]);
+            let r = run_step(graph, step, &mut out, buffers, weights.arrays(), scratch, inputs);
+            buffers[step.out] = out;
+            r?;
         }
         Ok(())
     }
@@ -241,19 +217,100 @@ impl ReferencePlan {
         }
         self.execute(inputs)?;
         for (t, &o) in outputs.tensors.iter_mut().zip(&self.graph.outputs) {
-            store(&mut t.data, read(&self.values, self.weights.arrays(), self.srcs[o.index()]));
+            store(&mut t.data, read(&self.buffers, self.weights.arrays(), self.srcs[o.index()]));
         }
         Ok(())
     }
 
-    /// Every node's value as of the last run, converted to the node's dtype.
-    pub fn node_values(&self) -> Vec<HostTensor> {
+    /// Every kept node's value as of the last run, converted to the node's dtype (`None` for
+    /// values whose buffer was reused).
+    pub fn node_values(&self) -> Vec<Option<HostTensor>> {
         (0..self.graph.nodes.len())
-            .map(|i| HostTensor {
-                shape: self.shapes[i].clone(),
-                data: TensorData::from_f64(self.graph.nodes[i].dtype, self.value(ValueId(i as u32))),
+            .map(|i| {
+                let v = self.value(ValueId(i as u32))?;
+                Some(HostTensor {
+                    shape: self.shapes[i].clone(),
+                    data: TensorData::from_f64(self.graph.nodes[i].dtype, v),
+                })
             })
             .collect()
+    }
+}
+
+/// Runs one step, writing `out_buf[..step.len]`.
+fn run_step(
+    graph: &Graph,
+    step: &Step,
+    out_buf: &mut [f64],
+    buffers: &[Vec<f64>],
+    weights: &[WeightArray],
+    scratch: &mut [Vec<f64>; 2],
+    inputs: &[HostTensor],
+) -> Result<()> {
+    let out = &mut out_buf[..step.len];
+    let get = |s: Src| read(buffers, weights, s);
+    match &step.kernel {
+        Kernel::Input { index } => load(out, &inputs[*index].data),
+        Kernel::MatMul(mm) => matmul(mm, out, get(mm.a), get(mm.b), scratch),
+        Kernel::Binary { op, int, a, b, walk } => kernels::binary(*op, *int, walk, out, get(*a), get(*b)),
+        Kernel::Unary { op, x } => kernels::unary(*op, out, get(*x)),
+        Kernel::Softmax { x, mask, outer, n, inner } => {
+            match mask {
+                Some((m, walk)) => kernels::binary(BinaryOp::Add, false, walk, out, get(*x), get(*m)),
+                None => out.copy_from_slice(get(*x)),
+            }
+            kernels::softmax_in_place(out, *outer, *n, *inner);
+        }
+        Kernel::LayerNorm { x, gamma, beta, h, eps } => {
+            kernels::layer_norm(out, get(*x), get(*gamma), get(*beta), *h, *eps)
+        }
+        Kernel::RmsNorm { x, gamma, h, eps } => kernels::rms_norm(out, get(*x), get(*gamma), *h, *eps),
+        Kernel::Copy { x, walk } => kernels::copy(walk, out, get(*x)),
+        Kernel::Gather { table, ids, vocab, h } => {
+            kernels::gather(out, get(*table), get(*ids), *vocab, *h).map_err(|(pos, id)| {
+                Error::graph(
+                    &graph.nodes[step.node].name,
+                    format!("gather id {id} (at flat position {pos} of the ids) is out of range [0, {vocab})"),
+                )
+            })?
+        }
+        Kernel::Concat { parts, outer } => {
+            // At most 64 parts (the IR's limit): a fixed array keeps `run` allocation-free.
+            let mut views: [(&[f64], usize); 64] = [(&[], 0); 64];
+            for (v, &(s, chunk)) in views.iter_mut().zip(parts.iter()) {
+                *v = (get(s), chunk);
+            }
+            kernels::concat(out, &views[..parts.len()], *outer)
+        }
+        Kernel::Reduce { op, int, x, walk, count } => kernels::reduce(*op, *int, walk, out, get(*x), *count),
+        Kernel::Where { cond, a, b, walk } => kernels::where_(walk, out, get(*cond), get(*a), get(*b)),
+        Kernel::Cast { to, x } => kernels::cast(*to, out, get(*x)),
+    }
+    Ok(())
+}
+
+/// Picks a free buffer for a value of `len` elements: the smallest free one that is large
+/// enough, else the largest free one grown to `len`, else a new one.
+fn take_buffer(buffers: &mut Vec<Vec<f64>>, free: &mut Vec<usize>, len: usize) -> usize {
+    let fit = free
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| buffers[b].len() >= len)
+        .min_by_key(|&(_, &b)| buffers[b].len())
+        .or_else(|| free.iter().enumerate().max_by_key(|&(_, &b)| buffers[b].len()))
+        .map(|(k, _)| k);
+    match fit {
+        Some(k) => {
+            let b = free.swap_remove(k);
+            if buffers[b].len() < len {
+                buffers[b].resize(len, 0.0);
+            }
+            b
+        }
+        None => {
+            buffers.push(vec![0.0; len]);
+            buffers.len() - 1
+        }
     }
 }
 
@@ -441,7 +498,13 @@ fn build_kernel(g: &Graph, i: usize, shapes: &[Vec<usize>], srcs: &[Src]) -> Res
 }
 
 impl ReferenceBackend {
-    fn lower_plan(&self, weights: &ReferenceWeights, graph: &Graph, bucket: Bucket) -> Result<ReferencePlan> {
+    /// Like `lower`, but no buffer is reused: after a run every node's value can be read with
+    /// [`ReferencePlan::value`] (for debugging a pass or another backend node by node).
+    pub fn lower_keeping_all(&self, weights: &ReferenceWeights, graph: &Graph, bucket: Bucket) -> Result<ReferencePlan> {
+        self.lower_plan(weights, graph, bucket, true)
+    }
+
+    fn lower_plan(&self, weights: &ReferenceWeights, graph: &Graph, bucket: Bucket, keep_all: bool) -> Result<ReferencePlan> {
         graph.validate(Some(bucket))?;
         let arrays = weights.arrays();
         if arrays.len() != graph.weights.len() {
@@ -461,23 +524,51 @@ impl ReferenceBackend {
             }
         }
         let n = graph.nodes.len();
+        // owner[i]: the node whose buffer holds value i (a reshape reads its input's buffer);
+        // None for weights.
+        let mut owner: Vec<Option<usize>> = Vec::with_capacity(n);
+        for (i, node) in graph.nodes.iter().enumerate() {
+            owner.push(match node.op {
+                Op::Weight { .. } => None,
+                Op::Reshape => owner[node.inputs[0].index()],
+                _ => Some(i),
+            });
+        }
+        // last[o]: the last step that reads owner o's buffer; usize::MAX keeps it to the end.
+        let mut last: Vec<usize> = (0..n).collect();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            for o in node.inputs.iter().filter_map(|v| owner[v.index()]) {
+                last[o] = last[o].max(i);
+            }
+            if keep_all || matches!(node.op, Op::Constant { .. }) {
+                last[i] = usize::MAX;
+            }
+        }
+        for o in graph.outputs.iter().filter_map(|v| owner[v.index()]) {
+            last[o] = usize::MAX;
+        }
+        let kept = owner.iter().map(|o| o.is_none_or(|o| last[o] == usize::MAX)).collect();
+
         let mut shapes = Vec::with_capacity(n);
-        let mut srcs = Vec::with_capacity(n);
-        let mut values = Vec::with_capacity(n);
+        let mut srcs: Vec<Src> = Vec::with_capacity(n);
+        let mut buffers: Vec<Vec<f64>> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
         let mut steps = Vec::new();
         let mut scratch_len = [0usize; 2];
         for (i, node) in graph.nodes.iter().enumerate() {
             let shape = graph.shape_in(ValueId(i as u32), bucket);
             let len = numel(&node.name, &shape)?;
             shapes.push(shape);
-            let (src, buf) = match &node.op {
-                Op::Weight { index } => (Src::Weight(*index), Vec::new()),
-                Op::Reshape => (srcs[node.inputs[0].index()], Vec::new()),
-                Op::Constant { values } => (Src::Value(i), values.iter().map(|&v| v as f64).collect()),
-                _ => (Src::Value(i), vec![0.0; len]),
+            let src = match &node.op {
+                Op::Weight { index } => Src::Weight(*index),
+                Op::Reshape => srcs[node.inputs[0].index()],
+                Op::Constant { values } => {
+                    buffers.push(values.iter().map(|&v| v as f64).collect());
+                    Src::Buf { buf: buffers.len() - 1, len }
+                }
+                _ => Src::Buf { buf: take_buffer(&mut buffers, &mut free, len), len },
             };
             srcs.push(src);
-            values.push(buf);
             if let Op::MatMul { transpose_a, transpose_b } = node.op {
                 for (k, on) in [transpose_a, transpose_b].into_iter().enumerate() {
                     if on {
@@ -487,7 +578,18 @@ impl ReferenceBackend {
                 }
             }
             if let Some(kernel) = build_kernel(graph, i, &shapes, &srcs)? {
-                steps.push(Step { node: i, kernel });
+                let Src::Buf { buf, len } = src else { unreachable!("only weights and reshapes have no buffer") };
+                steps.push(Step { node: i, out: buf, len, kernel });
+            }
+            // Buffers whose last reader is this step (or that nobody reads) are free from now.
+            for o in node.inputs.iter().filter_map(|v| owner[v.index()]).chain(owner[i]) {
+                if last[o] == i {
+                    if let Src::Buf { buf, .. } = srcs[o] {
+                        if !free.contains(&buf) {
+                            free.push(buf);
+                        }
+                    }
+                }
             }
         }
         Ok(ReferencePlan {
@@ -496,7 +598,8 @@ impl ReferenceBackend {
             weights: weights.clone(),
             shapes,
             srcs,
-            values,
+            kept,
+            buffers,
             scratch: scratch_len.map(|n| vec![0.0; n]),
             steps,
         })
@@ -535,7 +638,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn lower(&self, weights: &ReferenceWeights, graph: &Graph, bucket: Bucket) -> Result<ReferencePlan> {
-        self.lower_plan(weights, graph, bucket)
+        self.lower_plan(weights, graph, bucket, false)
     }
 
     fn run(&self, plan: &mut ReferencePlan, batch: &Batch, outputs: &mut Outputs) -> Result<()> {
@@ -572,8 +675,8 @@ pub fn interpret_all(
 ) -> Result<Vec<HostTensor>> {
     let backend = ReferenceBackend;
     let w = backend.upload(weights, graph)?;
-    let mut plan = backend.lower(&w, graph, bucket)?;
+    let mut plan = backend.lower_keeping_all(&w, graph, bucket)?;
     let mut out = Outputs::for_bucket(graph, bucket);
     plan.run_into(inputs, &mut out)?;
-    Ok(plan.node_values())
+    Ok(plan.node_values().into_iter().map(|v| v.expect("a keep-all plan keeps every value")).collect())
 }
