@@ -560,6 +560,143 @@ impl KernelProgram {
     }
 }
 
+impl KernelProgram {
+    /// Checks the program's internal consistency: every view inside its buffer, the shapes each
+    /// kernel kind promises, expression operands, and that every arena/output buffer is written
+    /// by exactly one kernel before any kernel reads it. Backends may rely on all of it.
+    pub fn validate(&self) -> kiln_runtime::Result<()> {
+        let err = |k: usize, m: String| kiln_runtime::Error::graph(format!("<kernel k{k}>"), m);
+        let mut written = vec![false; self.buffers.len()];
+        for (ki, k) in self.kernels.iter().enumerate() {
+            for t in k.inputs.iter().chain([&k.output]) {
+                let b = self.buffers.get(t.buffer.index()).ok_or_else(|| err(ki, format!("no buffer {}", t.buffer)))?;
+                if t.shape.len() != t.strides.len() || t.extent() > b.numel() {
+                    return Err(err(ki, format!("view {t} outside {} of {} elements", t.buffer, b.numel())));
+                }
+            }
+            for t in &k.inputs {
+                let b = &self.buffers[t.buffer.index()];
+                if matches!(b.kind, BufferKind::Arena | BufferKind::Output { .. }) && !written[t.buffer.index()] {
+                    return Err(err(ki, format!("reads {} before any kernel wrote it", t.buffer)));
+                }
+            }
+            let ob = t_buf(self, &k.output);
+            if !matches!(ob.kind, BufferKind::Arena | BufferKind::Output { .. }) {
+                return Err(err(ki, format!("writes read-only buffer {}", k.output.buffer)));
+            }
+            if std::mem::replace(&mut written[k.output.buffer.index()], true) {
+                return Err(err(ki, format!("{} is written by a second kernel", k.output.buffer)));
+            }
+            let out = &k.output.shape;
+            let shape_is = |i: usize, want: &[usize]| -> kiln_runtime::Result<()> {
+                match k.inputs.get(i) {
+                    Some(t) if t.shape == want => Ok(()),
+                    Some(t) => Err(err(ki, format!("in{i} has shape {:?}, expected {want:?}", t.shape))),
+                    None => Err(err(ki, format!("missing in{i}"))),
+                }
+            };
+            let check_expr = |e: &Expr, shape: &[usize], acc: bool, first_load: usize| -> kiln_runtime::Result<()> {
+                if e.nodes.is_empty() {
+                    return Err(err(ki, "empty expression".into()));
+                }
+                for (i, n) in e.nodes.iter().enumerate() {
+                    let ok = |x: &ExprId| (*x as usize) < i;
+                    let good = match n {
+                        ExprNode::Load(l) => *l >= first_load && *l < k.inputs.len(),
+                        ExprNode::Acc => acc,
+                        ExprNode::Const(_) => true,
+                        ExprNode::Unary(_, a) | ExprNode::Cast(_, a) => ok(a),
+                        ExprNode::Binary(_, a, b) => ok(a) && ok(b),
+                        ExprNode::Select(c, a, b) => ok(c) && ok(a) && ok(b),
+                    };
+                    if !good {
+                        return Err(err(ki, format!("bad expression node v{i} = {n:?}")));
+                    }
+                    if let ExprNode::Load(l) = n {
+                        shape_is(*l, shape)?;
+                    }
+                }
+                Ok(())
+            };
+            match &k.op {
+                KernelOp::Elementwise { expr } => check_expr(expr, out, false, 0)?,
+                KernelOp::Gemm { batch, m, n, k: kk, epilogue, .. } => {
+                    let with = |a: usize, b: usize| -> Vec<usize> { batch.iter().copied().chain([a, b]).collect() };
+                    shape_is(0, &with(*m, *kk))?;
+                    shape_is(1, &with(*kk, *n))?;
+                    if *out != with(*m, *n) {
+                        return Err(err(ki, format!("gemm output {out:?}")));
+                    }
+                    if let Some(e) = epilogue {
+                        check_expr(e, out, true, 2)?;
+                    }
+                }
+                KernelOp::Norm { prologue, gamma, beta, .. } => {
+                    let cols = *out.last().ok_or_else(|| err(ki, "norm of a scalar".into()))?;
+                    check_expr(prologue, out, false, 0)?;
+                    shape_is(*gamma, &[cols])?;
+                    if let Some(b) = beta {
+                        shape_is(*b, &[cols])?;
+                    }
+                }
+                KernelOp::Softmax { prologue } => {
+                    if out.is_empty() {
+                        return Err(err(ki, "softmax of a scalar".into()));
+                    }
+                    check_expr(prologue, out, false, 0)?;
+                }
+                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, mask, .. } => {
+                    let with = |a: usize, b: usize| -> Vec<usize> { batch.iter().copied().chain([a, b]).collect() };
+                    shape_is(0, &with(*seq_q, *head_dim))?;
+                    shape_is(1, &with(*seq_kv, *head_dim))?;
+                    shape_is(2, &with(*seq_kv, *v_dim))?;
+                    if let Some(mk) = mask {
+                        shape_is(*mk, &with(*seq_q, *seq_kv))?;
+                    }
+                    if *out != with(*seq_q, *v_dim) {
+                        return Err(err(ki, format!("attention output {out:?}")));
+                    }
+                }
+                KernelOp::Gather => {
+                    let (t, ids) = (&k.inputs[0], &k.inputs[1]);
+                    let want: Vec<usize> = ids.shape.iter().copied().chain([*t.shape.last().unwrap_or(&0)]).collect();
+                    if t.rank() != 2 || *out != want || !t_buf(self, ids).dtype.is_int() {
+                        return Err(err(ki, format!("gather of {:?} by {:?} into {out:?}", t.shape, ids.shape)));
+                    }
+                }
+                KernelOp::Reduce { shape, reduced_dims, prologue, .. } => {
+                    if *reduced_dims > shape.len() || out[..] != shape[..shape.len() - reduced_dims] {
+                        return Err(err(ki, format!("reduce of {shape:?} into {out:?}")));
+                    }
+                    check_expr(prologue, shape, false, 0)?;
+                }
+                KernelOp::Concat { axis } => {
+                    let total: usize = k.inputs.iter().map(|t| t.shape.get(*axis).copied().unwrap_or(0)).sum();
+                    let ok = *axis < out.len()
+                        && total == out[*axis]
+                        && k.inputs.iter().all(|t| {
+                            t.rank() == out.len() && (0..out.len()).all(|d| d == *axis || t.shape[d] == out[d])
+                        });
+                    if !ok {
+                        return Err(err(ki, format!("concat into {out:?}")));
+                    }
+                }
+            }
+        }
+        for (i, b) in self.outputs.iter().enumerate() {
+            let buf = self.buffers.get(b.index()).ok_or_else(|| err(0, format!("output {i} has no buffer")))?;
+            if buf.kind != (BufferKind::Output { index: i }) || !written[b.index()] {
+                return Err(err(0, format!("output {i} ({b}) is not an output buffer written by a kernel")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn t_buf<'p>(p: &'p KernelProgram, t: &TensorRef) -> &'p Buffer {
+    &p.buffers[t.buffer.index()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

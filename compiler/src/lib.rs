@@ -6,3 +6,8 @@ pub mod codegen;
 pub mod ir;
 pub mod models;
 pub mod kernel_ir;
+pub mod fuse;
+pub mod kernel_eval;
+pub mod memory_plan;
+pub mod passes;
+pub mod pipeline;

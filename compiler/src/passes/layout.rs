@@ -1,0 +1,74 @@
+//! `layout`: layout decisions that pay for themselves, recorded for the backends rather than
+//! done per run. A rank-2 weight whose every use is the B operand of a MatMul with
+//! `transpose_b` (a PyTorch `nn.Linear` weight `[out, in]`) is marked
+//! [`WeightLayout::Transposed`]: the backend stores it once as `[in, out]` row-major (and may
+//! pack it further) when it lowers the plan, so every GEMM reads B without a transpose. The
+//! graph itself is unchanged; the decision lives in `PassCtx::layouts` and reaches the kernel
+//! IR as the weight buffer's layout.
+
+use std::fmt::Write;
+
+use kiln_runtime::graph::{Graph, Op};
+use kiln_runtime::Result;
+
+use super::{Pass, PassCtx};
+use crate::kernel_ir::WeightLayout;
+
+pub struct Layout;
+
+/// The layout decision for every weight-table entry of `graph`.
+pub fn decide_layouts(graph: &Graph) -> Vec<WeightLayout> {
+    let mut all_tb = vec![true; graph.weights.len()];
+    let mut used = vec![false; graph.weights.len()];
+    let weight_of = |v: kiln_runtime::ValueId| match graph.node(v).op {
+        Op::Weight { index } => Some(index),
+        _ => None,
+    };
+    for n in &graph.nodes {
+        for (k, &inp) in n.inputs.iter().enumerate() {
+            if let Some(w) = weight_of(inp) {
+                used[w] = true;
+                let ok = matches!(n.op, Op::MatMul { transpose_b: true, .. }) && k == 1;
+                all_tb[w] &= ok;
+            }
+        }
+    }
+    for o in &graph.outputs {
+        if let Some(w) = weight_of(*o) {
+            all_tb[w] = false;
+        }
+    }
+    graph
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            if used[i] && all_tb[i] && spec.shape.len() == 2 {
+                WeightLayout::Transposed
+            } else {
+                WeightLayout::AsIs
+            }
+        })
+        .collect()
+}
+
+impl Pass for Layout {
+    fn name(&self) -> &'static str {
+        "layout"
+    }
+
+    fn run(&self, graph: &Graph, ctx: &mut PassCtx) -> Result<Graph> {
+        ctx.layouts = decide_layouts(graph);
+        Ok(graph.clone())
+    }
+
+    fn dump_extra(&self, graph: &Graph, ctx: &PassCtx) -> String {
+        let mut s = String::new();
+        for (i, l) in ctx.layouts.iter().enumerate() {
+            if *l == WeightLayout::Transposed {
+                let _ = writeln!(s, "layout weight#{i} \"{}\": transposed (pre-transposed at lowering)", graph.weights[i].name);
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,144 @@
+//! `simplify`: local algebraic rewrites, applied in one forward sweep that looks at the
+//! already-simplified producers (so chains collapse completely):
+//! - `reshape(x)` to x's own shape → `x`; `reshape(reshape(x))` → `reshape(x)`;
+//! - identity transposes → `x`; `transpose(transpose(x))` → one transpose; a transpose that
+//!   only moves size-1 dims → a reshape (a free view);
+//! - `cast(x)` to x's own dtype → `x`; `neg(neg(x))` → `x`;
+//! - `x*1`, `1*x`, `x+0`, `0+x`, `x-0`, `x/1` → `x` (only where broadcasting does not change
+//!   x's shape);
+//! - `matmul(transpose(x))` where the transpose swaps just the last two dims → the MatMul's
+//!   `transpose_a`/`transpose_b` flag (other transposes feeding a MatMul become strides at
+//!   fusion).
+//!
+//! Nodes left without users are removed by `dce`.
+
+use kiln_runtime::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
+use kiln_runtime::Result;
+
+use super::{splat_const, Pass, PassCtx, Rewriter};
+
+pub struct Simplify;
+
+fn is_identity(perm: &[usize]) -> bool {
+    perm.iter().enumerate().all(|(i, &p)| i == p)
+}
+
+/// Swaps exactly the last two dims and keeps the others.
+fn is_last_two_swap(perm: &[usize]) -> bool {
+    let r = perm.len();
+    r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && is_identity(&perm[..r - 2])
+}
+
+impl Pass for Simplify {
+    fn name(&self) -> &'static str {
+        "simplify"
+    }
+
+    fn run(&self, graph: &Graph, _ctx: &mut PassCtx) -> Result<Graph> {
+        let mut rw = Rewriter::new(graph);
+        for (i, n) in graph.nodes.iter().enumerate() {
+            let ins: Vec<ValueId> = n.inputs.iter().map(|&v| rw.get(v)).collect();
+            if let Some(v) = simplify_node(&mut rw, n, &ins)? {
+                rw.set(i, v);
+            } else {
+                let v = rw.push(&n.name, n.op.clone(), ins, &n.shape)?;
+                rw.set(i, v);
+            }
+        }
+        Ok(rw.finish())
+    }
+}
+
+/// The replacement of one node, or `None` to keep it (with mapped inputs).
+fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> Result<Option<ValueId>> {
+    let g = &rw.new;
+    match &n.op {
+        Op::Reshape => {
+            let x = ins[0];
+            if g.node(x).shape == n.shape {
+                return Ok(Some(x));
+            }
+            if matches!(g.node(x).op, Op::Reshape) {
+                let src = g.node(x).inputs[0];
+                if g.node(src).shape == n.shape {
+                    return Ok(Some(src));
+                }
+                return rw.push(&n.name, Op::Reshape, vec![src], &n.shape).map(Some);
+            }
+            Ok(None)
+        }
+        Op::Transpose { perm } => {
+            let x = ins[0];
+            if is_identity(perm) {
+                return Ok(Some(x));
+            }
+            if let Op::Transpose { perm: p1 } = &g.node(x).op {
+                let src = g.node(x).inputs[0];
+                let composed: Vec<usize> = perm.iter().map(|&j| p1[j]).collect();
+                if is_identity(&composed) {
+                    return Ok(Some(src));
+                }
+                return rw.push(&n.name, Op::Transpose { perm: composed }, vec![src], &n.shape).map(Some);
+            }
+            // Only size-1 dims move: the element order is unchanged, so it is a reshape.
+            let xs = &g.node(x).shape;
+            let order: Vec<usize> = perm.iter().copied().filter(|&p| xs[p] != kiln_runtime::Dim::Fixed(1)).collect();
+            if order.windows(2).all(|w| w[0] < w[1]) {
+                if matches!(g.node(x).op, Op::Reshape) {
+                    let src = g.node(x).inputs[0];
+                    if g.node(src).shape == n.shape {
+                        return Ok(Some(src));
+                    }
+                    return rw.push(&n.name, Op::Reshape, vec![src], &n.shape).map(Some);
+                }
+                return rw.push(&n.name, Op::Reshape, vec![x], &n.shape).map(Some);
+            }
+            Ok(None)
+        }
+        Op::Cast { to } => Ok((g.node(ins[0]).dtype == *to).then_some(ins[0])),
+        Op::Unary(UnaryOp::Neg) => {
+            let x = ins[0];
+            match g.node(x).op {
+                Op::Unary(UnaryOp::Neg) => Ok(Some(g.node(x).inputs[0])),
+                _ => Ok(None),
+            }
+        }
+        Op::Binary(op) => {
+            let (a, b) = (ins[0], ins[1]);
+            // `keep` is returned when it already has the result's shape.
+            let same = |v: ValueId| g.node(v).shape == n.shape && g.node(v).dtype == n.dtype;
+            let cb = splat_const(g, b);
+            let ca = splat_const(g, a);
+            let r = match op {
+                BinaryOp::Mul if cb == Some(1.0) && same(a) => Some(a),
+                BinaryOp::Mul if ca == Some(1.0) && same(b) => Some(b),
+                BinaryOp::Add if cb == Some(0.0) && same(a) => Some(a),
+                BinaryOp::Add if ca == Some(0.0) && same(b) => Some(b),
+                BinaryOp::Sub if cb == Some(0.0) && same(a) => Some(a),
+                BinaryOp::Div if cb == Some(1.0) && same(a) => Some(a),
+                _ => None,
+            };
+            Ok(r)
+        }
+        Op::MatMul { transpose_a, transpose_b } => {
+            let mut flags = [*transpose_a, *transpose_b];
+            let mut args = [ins[0], ins[1]];
+            let mut changed = false;
+            for k in 0..2 {
+                if let Op::Transpose { perm } = &g.node(args[k]).op {
+                    if is_last_two_swap(perm) {
+                        args[k] = g.node(args[k]).inputs[0];
+                        flags[k] = !flags[k];
+                        changed = true;
+                    }
+                }
+            }
+            if !changed {
+                return Ok(None);
+            }
+            let op = Op::MatMul { transpose_a: flags[0], transpose_b: flags[1] };
+            rw.push(&n.name, op, args.to_vec(), &n.shape).map(Some)
+        }
+        _ => Ok(None),
+    }
+}

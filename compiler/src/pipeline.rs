@@ -1,0 +1,149 @@
+//! The middle-end pipeline: graph passes, fusion, memory planning, for one bucket.
+//!
+//! ```text
+//! Graph ─specialize─const_fold─simplify─cse─dce─layout─► Graph (concrete shapes) + layouts
+//!       ─fuse─► KernelProgram ─memory_plan─► MemoryPlan
+//! ```
+//! `KILN_DUMP=pass[,pass..]` (or `all`) prints the IR after those stages to stderr;
+//! [`dump_after`] returns the same text (`kiln compile --dump-after PASS`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use kiln_runtime::graph::{Bucket, Graph};
+use kiln_runtime::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::fuse::{count_ops, fuse, FusionReport};
+use crate::kernel_ir::{KernelProgram, WeightLayout};
+use crate::memory_plan::{plan_memory, MemoryPlan};
+use crate::passes::{standard_passes, PassCtx};
+
+/// Every stage name [`dump_after`] and `KILN_DUMP` accept, in pipeline order.
+pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "dce", "layout", "fuse", "memory_plan"];
+
+/// Everything the middle-end produces for one bucket: what a backend lowers from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lowered {
+    pub bucket: Bucket,
+    /// The graph after the passes (every dim `Fixed`).
+    pub graph: Graph,
+    /// Layout decision per weight-table entry (also recorded in the program's weight buffers).
+    pub layouts: Vec<WeightLayout>,
+    pub program: KernelProgram,
+    pub plan: MemoryPlan,
+    pub fusion: FusionReport,
+}
+
+fn dump_requested(stage: &str) -> bool {
+    match std::env::var("KILN_DUMP") {
+        Ok(v) => v.split(',').map(str::trim).any(|s| s == stage || s == "all"),
+        Err(_) => false,
+    }
+}
+
+fn run_with(graph: &Graph, bucket: Bucket, hook: &mut dyn FnMut(&str, &dyn Fn() -> String)) -> Result<Lowered> {
+    let mut ctx = PassCtx::new(graph, bucket);
+    let mut g = graph.clone();
+    for pass in standard_passes() {
+        g = pass.run(&g, &mut ctx)?;
+        if cfg!(debug_assertions) {
+            g.validate(Some(bucket))?;
+        }
+        hook(pass.name(), &|| format!("{}{}", g.print(), pass.dump_extra(&g, &ctx)));
+    }
+    let program = fuse(&g, bucket, &ctx.layouts)?;
+    hook("fuse", &|| program.print());
+    let plan = plan_memory(&program)?;
+    hook("memory_plan", &|| plan.print(&program));
+    let fusion = FusionReport::new(&g, &program);
+    Ok(Lowered { bucket, graph: g, layouts: ctx.layouts, program, plan, fusion })
+}
+
+/// Runs the whole middle-end for `bucket`. Honors `KILN_DUMP` (stderr).
+pub fn run_pipeline(graph: &Graph, bucket: Bucket) -> Result<Lowered> {
+    run_with(graph, bucket, &mut |stage, text| {
+        if dump_requested(stage) {
+            eprintln!("===== kiln IR after {stage} (bucket {bucket}) =====\n{}", text());
+        }
+    })
+}
+
+/// The IR text after stage `stage` (one of [`STAGES`]).
+pub fn dump_after(graph: &Graph, bucket: Bucket, stage: &str) -> Result<String> {
+    if !STAGES.contains(&stage) {
+        return Err(Error::Unsupported(format!("unknown pass `{stage}` (passes: {})", STAGES.join(", "))));
+    }
+    let mut out = None;
+    run_with(graph, bucket, &mut |s, text| {
+        if s == stage {
+            out = Some(text());
+        }
+    })?;
+    Ok(out.unwrap_or_default())
+}
+
+/// What `kiln compile --report` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompileReport {
+    pub bucket: Bucket,
+    /// Compute and layout nodes of the graph as given (inputs, weights, constants not counted).
+    pub ops_before: usize,
+    pub ops_before_by_kind: BTreeMap<String, usize>,
+    /// The same count after the graph passes.
+    pub ops_after_passes: usize,
+    pub kernels_after: usize,
+    pub kernels_by_kind: BTreeMap<String, usize>,
+    pub arena_bytes: usize,
+    pub naive_bytes: usize,
+    pub lower_bound_bytes: usize,
+}
+
+impl CompileReport {
+    pub fn ratio(&self) -> f64 {
+        if self.lower_bound_bytes == 0 {
+            1.0
+        } else {
+            self.arena_bytes as f64 / self.lower_bound_bytes as f64
+        }
+    }
+}
+
+/// Runs the pipeline and summarizes it.
+pub fn compile_report(graph: &Graph, bucket: Bucket) -> Result<CompileReport> {
+    let lowered = run_pipeline(graph, bucket)?;
+    Ok(report_of(graph, &lowered))
+}
+
+/// The report of an already lowered graph (`graph` = the graph given to the pipeline).
+pub fn report_of(graph: &Graph, lowered: &Lowered) -> CompileReport {
+    let (ops_before, ops_before_by_kind) = count_ops(graph);
+    CompileReport {
+        bucket: lowered.bucket,
+        ops_before,
+        ops_before_by_kind,
+        ops_after_passes: lowered.fusion.ops,
+        kernels_after: lowered.fusion.kernels,
+        kernels_by_kind: lowered.fusion.kernels_by_kind.clone(),
+        arena_bytes: lowered.plan.arena_bytes,
+        naive_bytes: lowered.plan.naive_bytes,
+        lower_bound_bytes: lowered.plan.lower_bound_bytes,
+    }
+}
+
+fn counts(m: &BTreeMap<String, usize>) -> String {
+    m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+impl fmt::Display for CompileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "bucket: {}", self.bucket)?;
+        writeln!(f, "ops before: {} ({})", self.ops_before, counts(&self.ops_before_by_kind))?;
+        writeln!(f, "ops after passes: {}", self.ops_after_passes)?;
+        writeln!(f, "kernels after: {} ({})", self.kernels_after, counts(&self.kernels_by_kind))?;
+        writeln!(f, "arena bytes: {}", self.arena_bytes)?;
+        writeln!(f, "naive bytes: {}", self.naive_bytes)?;
+        writeln!(f, "lower bound bytes: {}", self.lower_bound_bytes)?;
+        write!(f, "arena / lower bound: {:.3}", self.ratio())
+    }
+}
