@@ -245,7 +245,7 @@ fn gather_out_of_range_is_a_typed_error() {
     let table = f32t(&[4, 2], &[0.; 8]);
     for bad in [4i64, -1, 1 << 40] {
         let ids = HostTensor::i64(vec![1, 3], vec![0, bad, 1]).unwrap();
-        match interpret(&g, &[table.clone()], &[ids], Bucket::new(1, 3)) {
+        match interpret(&g, std::slice::from_ref(&table), &[ids], Bucket::new(1, 3)) {
             Err(Error::Graph { node, message }) => {
                 assert!(node.contains("gather"), "node {node}");
                 assert!(message.contains(&bad.to_string()) && message.contains("[0, 4)"), "{message}");
@@ -280,7 +280,7 @@ fn slice_fixed_and_symbolic_end() {
     let g = g.finish().unwrap();
     let pos = f32t(&[6, 2], &(0..12).map(|i| i as f32).collect::<Vec<_>>());
     let x = f32t(&[2, 4], &[1., 2., 3., 4., 5., 6., 7., 8.]);
-    let out = interpret(&g, &[pos.clone()], &[x.clone()], Bucket::new(1, 3)).unwrap();
+    let out = interpret(&g, std::slice::from_ref(&pos), std::slice::from_ref(&x), Bucket::new(1, 3)).unwrap();
     assert_close(&out[0], &[2, 2], &[2., 3., 6., 7.]);
     assert_close(&out[1], &[3, 2], &[0., 1., 2., 3., 4., 5.]);
     // A bucket whose seq runs past the table is rejected when lowering, with the node named.

@@ -6,8 +6,9 @@
 //!   exactly (every supported dtype is exact in f64); outputs are converted to their node's dtype
 //!   at the boundary (floats round to nearest, integers truncate). Intermediate values are not
 //!   rounded to their node's dtype, except by an explicit `Cast`.
-//! - Integer tensors hold integral f64 values: integer `Div` and `Reduce Mean` truncate toward
-//!   zero; `Cast` to an integer truncates toward zero, saturating at the type's range.
+//! - Integer tensors hold integral f64 values (exact up to 2^53, far beyond any token id):
+//!   integer `Div` and `Reduce Mean` truncate toward zero; `Cast` to an integer truncates toward
+//!   zero, saturating at the type's range; `Cast` to a float rounds to that float's precision.
 //! - `Max`/`Min` (binary and reduce) propagate NaN.
 //! - A gather id outside `[0, vocab)` is an `Error::Graph` naming the gather node and the id.
 //!
