@@ -3,6 +3,7 @@
 
 pub mod backends;
 pub mod codegen;
+pub mod golden;
 pub mod ir;
 pub mod models;
 pub mod kernel_ir;

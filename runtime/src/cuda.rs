@@ -121,6 +121,16 @@ impl CudaPlanSpec {
     /// dimensions and every argument's bounds. A plan read from a file must pass this before it
     /// is loaded; a failure is an [`Error::Artifact`].
     pub fn validate(&self) -> Result<()> {
+        self.check(true)
+    }
+
+    /// [`CudaPlanSpec::validate`] without looking at the code (for a plan whose PTX is not
+    /// built yet, e.g. one run by a host emulator from its CUDA C).
+    pub fn validate_layout(&self) -> Result<()> {
+        self.check(false)
+    }
+
+    fn check(&self, with_code: bool) -> Result<()> {
         let bad = |m: String| Err(Error::Artifact { message: format!("GPU plan for bucket {}: {m}", self.bucket) });
         if self.version != CUDA_PLAN_VERSION {
             return bad(format!("layout version {} (this runtime reads {CUDA_PLAN_VERSION})", self.version));
@@ -161,7 +171,7 @@ impl CudaPlanSpec {
             check_slot("output", i, s)?;
         }
         for (li, l) in self.launches.iter().enumerate() {
-            if !entries.iter().any(|e| *e == l.kernel) {
+            if with_code && !entries.iter().any(|e| *e == l.kernel) {
                 return bad(format!("launch {li} names kernel `{}`, which the PTX does not define", l.kernel));
             }
             let threads: u64 = l.block.iter().map(|&b| b as u64).product();

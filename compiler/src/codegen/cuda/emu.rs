@@ -111,7 +111,7 @@ impl EmuModule {
     /// layout), inputs like the graph's inputs (already padded to the bucket). Returns the
     /// outputs.
     pub fn run_plan(&self, spec: &CudaPlanSpec, weights: &[HostTensor], inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
-        spec.validate()?;
+        spec.validate_layout()?;
         if weights.len() != spec.weights.len() || inputs.len() != spec.inputs.len() {
             return Err(Error::Backend(format!(
                 "emulation: {} weights / {} inputs given, the plan takes {} / {}",
@@ -128,7 +128,8 @@ impl EmuModule {
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len()) };
             v
         }
-        let mut arena = vec![0u128; (spec.arena_bytes as usize).div_ceil(16).max(1)];
+        // 0xFF bytes (f32 NaN, integer -1): reading an element no kernel wrote shows in the results.
+        let mut arena = vec![u128::MAX; (spec.arena_bytes as usize).div_ceil(16).max(1)];
         let wbufs: Vec<Vec<u128>> = weights
             .iter()
             .zip(&spec.weights)

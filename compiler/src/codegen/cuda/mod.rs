@@ -118,3 +118,40 @@ pub fn compile_program(
     spec.validate()?;
     Ok(CompiledCuda { module, spec })
 }
+
+/// A graph lowered for the GPU without compiling: the middle-end's output, its placement and
+/// the emitted CUDA C (what the golden tests and the host emulator use).
+#[derive(Debug, Clone)]
+pub struct EmittedPlan {
+    pub lowered: crate::pipeline::Lowered,
+    pub place: Placement,
+    pub module: EmittedModule,
+    /// The plan with empty code (`ptx` is filled by [`compile_graph`]).
+    pub spec: CudaPlanSpec,
+}
+
+/// Runs the middle-end for `bucket` and emits CUDA C for `target`.
+pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<EmittedPlan> {
+    let lowered = crate::pipeline::run_pipeline(graph, bucket)?;
+    let offsets: Vec<Option<u64>> = lowered.plan.offsets.iter().map(|o| o.map(|x| x as u64)).collect();
+    let place = Placement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)?;
+    let module = emit_program(&lowered.program, &place, target)?;
+    let spec = plan_skeleton(&lowered.program, &place, &module, weight_slots(graph))?;
+    Ok(EmittedPlan { lowered, place, module, spec })
+}
+
+/// Lowers `graph` for `bucket` all the way to a serializable GPU plan for `target` (NVRTC
+/// PTX, plus a cubin where ptxas is installed). Needs NVRTC, not a GPU: this is also how GPU
+/// plans are compiled ahead of time on a build machine.
+pub fn compile_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<CompiledCuda> {
+    nvrtc::require_nvrtc()?;
+    let e = emit_graph(graph, bucket, target)?;
+    let mut spec = e.spec;
+    spec.ptx = nvrtc::compile_ptx(&e.module.source, &target.arch, &format!("kiln_{bucket}"))?;
+    spec.cubin = match nvrtc::ptxas_cubin(&spec.ptx, &target.arch) {
+        Some(Ok(c)) => Some(c),
+        _ => None,
+    };
+    spec.validate()?;
+    Ok(CompiledCuda { module: e.module, spec })
+}
