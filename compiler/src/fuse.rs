@@ -797,7 +797,7 @@ impl<'a> Fuser<'a> {
         // A scalar scale right after the matmul becomes alpha.
         let mut alpha = 1.0f32;
         let mut acc_node = core;
-        if self.use_count[core] == 1 {
+        if self.single_use(core) {
             let u = self.users[core][0];
             if members.contains(&u) {
                 if let Some((x, f)) = self.scalar_scale(u) {

@@ -12,3 +12,4 @@ pub mod kernel_eval;
 pub mod memory_plan;
 pub mod passes;
 pub mod pipeline;
+pub mod testing;
