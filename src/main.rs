@@ -8,6 +8,7 @@ use kiln::fetch::{default_model_dir, fetch_minilm, is_complete};
 use kiln::model::{cosine, embed_ids, SentenceModel};
 use kiln_compiler::backends::reference::ReferenceBackend;
 use kiln_compiler::models::bert::BertOutputs;
+use kiln_compiler::pipeline;
 use kiln_runtime::{Backend, Bucket, Engine, Error, LowerPolicy, Result};
 
 #[derive(Parser)]
@@ -49,6 +50,21 @@ enum Cmd {
         #[arg(required = true)]
         texts: Vec<String>,
     },
+    /// Run the compiler for one or more buckets: report fusion and memory, dump IR.
+    Compile {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Buckets, e.g. `1x128,8x128` (batch x seq).
+        #[arg(long, value_delimiter = ',', required = true)]
+        bucket: Vec<String>,
+        /// Print ops before, kernels after, arena / naive / lower-bound bytes.
+        #[arg(long)]
+        report: bool,
+        /// Print the IR after this pass (specialize, const_fold, simplify, cse, dce, layout, fuse,
+        /// memory_plan).
+        #[arg(long)]
+        dump_after: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +97,25 @@ fn run(cli: Cli) -> Result<()> {
                 }
             };
             print_embeddings(&texts, &embeddings, json);
+            Ok(())
+        }
+        Cmd::Compile { model, bucket, report, dump_after } => {
+            let dir = resolve_model(model)?;
+            let m = SentenceModel::open(&dir, BertOutputs::default())?;
+            let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
+            for (i, &b) in buckets.iter().enumerate() {
+                eprintln!("[{}/{}] compiling bucket {b}", i + 1, buckets.len());
+                if let Some(stage) = &dump_after {
+                    print!("{}", pipeline::dump_after(&m.graph, b, stage)?);
+                }
+                let t = std::time::Instant::now();
+                let lowered = pipeline::run_pipeline(&m.graph, b)?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                if report {
+                    println!("{}", pipeline::report_of(&m.graph, &lowered).to_string().trim_end());
+                    println!("middle-end time: {ms:.1} ms");
+                }
+            }
             Ok(())
         }
     }
