@@ -65,6 +65,11 @@ enum Cmd {
         #[arg(long)]
         dump_after: Option<String>,
     },
+    /// Verify a plan artifact and describe it: header, buckets, kernels, code and arena bytes.
+    Inspect {
+        /// The `.kiln` file.
+        plan: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -118,7 +123,36 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Inspect { plan } => inspect(&plan),
     }
+}
+
+fn inspect(path: &std::path::Path) -> Result<()> {
+    use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let t = std::time::Instant::now();
+    let a = Artifact::from_bytes(&bytes)
+        .map_err(|e| Error::Artifact { message: format!("{}: {e}", path.display()) })?;
+    let verify_ms = t.elapsed().as_secs_f64() * 1e3;
+    println!("file: {} ({} bytes)", path.display(), bytes.len());
+    println!("format version: {FORMAT_VERSION}");
+    println!("kiln version: {}", a.header.kiln_version);
+    println!("target: {}", a.header.target);
+    println!("graph fingerprint: {}", hex(&a.header.fingerprint));
+    println!("verified (magic, version, checksum, target) in {verify_ms:.2} ms");
+    for (b, p) in a.header.buckets.iter().zip(&a.body.plans) {
+        match p {
+            PlanPayload::Cpu(img) => println!(
+                "bucket {b}: {} kernels, code {} bytes, arena {} bytes, features {}",
+                img.steps.len(),
+                img.code.len(),
+                img.arena_bytes,
+                img.required_features.join(",")
+            ),
+            PlanPayload::Cuda(bytes) => println!("bucket {b}: cuda plan, {} bytes", bytes.len()),
+        }
+    }
+    Ok(())
 }
 
 /// The model directory: the one given, or the default one (fetched when absent).
