@@ -131,8 +131,10 @@ fn inspect(path: &std::path::Path) -> Result<()> {
     use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let t = std::time::Instant::now();
-    let a = Artifact::from_bytes(&bytes)
-        .map_err(|e| Error::Artifact { message: format!("{}: {e}", path.display()) })?;
+    let a = Artifact::from_bytes(&bytes).map_err(|e| match e {
+        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
+        other => other,
+    })?;
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
     println!("file: {} ({} bytes)", path.display(), bytes.len());
     println!("format version: {FORMAT_VERSION}");
