@@ -299,6 +299,9 @@ mod exec {
         name: String,
         cc: (u32, u32),
         total_mem: u64,
+        /// Held for a whole run: plans share the stream, and a stream being captured into a
+        /// CUDA graph must see no other thread's work.
+        run_lock: std::sync::Mutex<()>,
     }
 
     impl std::fmt::Debug for CudaDevice {
@@ -328,7 +331,14 @@ mod exec {
             let name = ctx.name().map_err(|e| drv("cuDeviceGetName", e))?;
             let (maj, min) = ctx.compute_capability().map_err(|e| drv("compute capability", e))?;
             let total_mem = ctx.total_mem().map_err(|e| drv("cuDeviceTotalMem", e))? as u64;
-            Ok(Arc::new(CudaDevice { ctx, stream, name, cc: (maj as u32, min as u32), total_mem }))
+            Ok(Arc::new(CudaDevice {
+                ctx,
+                stream,
+                name,
+                cc: (maj as u32, min as u32),
+                total_mem,
+                run_lock: std::sync::Mutex::new(()),
+            }))
         }
 
         pub fn name(&self) -> &str {
@@ -634,6 +644,8 @@ mod exec {
 
         /// Runs the plan on a batch padded to exactly the plan's bucket.
         pub fn run(&mut self, batch: &Batch, outputs: &mut Outputs) -> Result<()> {
+            let dev = self.dev.clone();
+            let _guard = dev.run_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.dev.bind()?;
             if batch.tensors.len() != self.spec.inputs.len() {
                 return Err(Error::bad_batch(format!(
@@ -699,6 +711,8 @@ mod exec {
         /// Runs the recorded launches only (inputs as they are in the arena), synchronized, and
         /// returns the wall time in milliseconds measured with CUDA events.
         pub fn time_launches(&mut self, iters: usize) -> Result<f32> {
+            let dev = self.dev.clone();
+            let _guard = dev.run_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.dev.bind()?;
             if self.use_graph && self.graph.is_none() {
                 self.capture()?;
