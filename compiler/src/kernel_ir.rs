@@ -551,7 +551,8 @@ impl KernelProgram {
                 let _ = writeln!(s, "  in{j} = {t}");
             }
             let _ = writeln!(s, "  out = {}", k.output);
-            let _ = writeln!(s, "  fused: {}", k.fused.join(" "));
+            let fused = if k.fused.is_empty() { "-".to_string() } else { k.fused.join(" ") };
+            let _ = writeln!(s, "  fused: {fused}");
         }
         for (o, name) in self.outputs.iter().zip(&self.output_names) {
             let _ = writeln!(s, "output {name} = {o}");

@@ -510,7 +510,11 @@ impl Gen<'_> {
     }
 
     fn where_(&mut self, v: ValueId) -> Result<ValueId> {
-        let c = self.b.relu(v)?;
+        // cond = relu(v - t): a threshold away from 0, where f32 and f64 results (underflow
+        // to exactly 0 in one, a tiny positive in the other) would disagree.
+        let t = self.b.scalar(self.rng.uniform(0.1, 0.4))?;
+        let shifted = self.b.sub(v, t)?;
+        let c = self.b.relu(shifted)?;
         let other = self.operand_for(v)?;
         if self.rng.chance(0.5) {
             self.b.where_(c, v, other)
@@ -602,7 +606,8 @@ pub fn random_graph(rng: &mut Rng) -> Result<Graph> {
         let y = g.b.input("y", DType::F32, shape, InputRole::Other)?;
         g.pool.push(y);
     }
-    let steps = 2 + g.rng.below(12);
+    let max_steps = if g.rng.chance(0.2) { 24 } else { 12 };
+    let steps = 2 + g.rng.below(max_steps);
     for _ in 0..steps {
         let v = g.pick_value();
         let r = match g.rng.below(17) {

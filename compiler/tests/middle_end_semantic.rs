@@ -21,10 +21,11 @@ fn check_seed(seed: u64) -> Result<(), String> {
     let lowered = run_pipeline(&case.graph, case.bucket).map_err(|e| format!("pipeline: {e}"))?;
     check_plan(&lowered.program, &lowered.plan).map_err(|e| format!("plan: {e}"))?;
     let want = interpret(&case.graph, &case.weights, &case.inputs, case.bucket).map_err(|e| format!("reference: {e}"))?;
-    // The passes alone must not change what the graph computes.
+    // The passes alone must not change what the graph computes (up to f32 rounding: the
+    // reference rounds at an f32->f32 cast, which `simplify` removes as an identity).
     let after_passes = interpret(&lowered.graph, &case.weights, &case.inputs, case.bucket)
         .map_err(|e| format!("reference on the optimized graph: {e}"))?;
-    compare(&after_passes, &want, 1e-5, 1e-5).map_err(|e| format!("passes changed the result: {e}"))?;
+    compare(&after_passes, &want, 1e-4, 1e-4).map_err(|e| format!("passes changed the result: {e}"))?;
     let got = run_program(&lowered.program, &lowered.plan, &case.weights, &case.inputs)
         .map_err(|e| format!("kernel eval: {e}"))?;
     compare(&got, &want, 2e-3, 2e-3).map_err(|e| format!("fused program differs: {e}"))
@@ -32,7 +33,7 @@ fn check_seed(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_graphs_fused_and_planned_match_the_reference() {
-    let n = env_usize("KILN_RANDOM_CASES", 1500);
+    let n = env_usize("KILN_RANDOM_CASES", 4000);
     let base = env_usize("KILN_SEED_BASE", 0) as u64;
     let mut failures = Vec::new();
     for seed in base..base + n as u64 {
