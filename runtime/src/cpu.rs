@@ -2,19 +2,33 @@
 //!
 //! A [`CpuPlanImage`] is plain data — position-independent machine code (constants inside the
 //! code, helpers reached only through the function table passed at entry, so no relocations),
-//! the ordered kernel steps, the arena size and the I/O bindings. The compiler produces it; an
-//! artifact stores it; [`CpuExecutable::load`] verifies it and maps the code (written into an
-//! anonymous map, then made read+execute: never writable and executable at once).
+//! the ordered kernel steps, the arena layout (size, I/O bindings, constant bytes written at
+//! load) and the weight slots the code reads (which checkpoint tensor, in which layout). The
+//! compiler produces it; an artifact stores it; [`CpuExecutable::load`] verifies it and maps the
+//! code (written into an anonymous map, then made read+execute: never writable and executable
+//! at once).
 //!
 //! Kernel ABI (System V): `extern "sysv64" fn(arena: *mut u8, weights: *const *const u8,
-//! table: *const u8, task: usize, n_tasks: usize)`. A step with `tasks > 1` is split across the
-//! thread pool; each call handles its share `task` of `n_tasks`.
+//! table: *const KernelTable, task: usize, n_tasks: usize) -> i32`, returning a status
+//! ([`status`]). A step with `tasks > 1` is split across the thread pool; each call handles its
+//! share `task` of `n_tasks`.
+//!
+//! The shared execution pieces — weight preparation per slot layout ([`weights`]), the kernel
+//! table and thread pool ([`CpuContext`]), a loaded plan and its `run` ([`CpuPlan`]) — live here
+//! so that the compiler's JIT backend and the compiler-free [`PrecompiledCpu`] run plans through
+//! the very same code.
+
+mod backend;
+pub mod weights;
 
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{DType, HostTensor, TensorData};
 use crate::error::{Error, Result};
 use crate::graph::Bucket;
+
+pub use backend::{cpu_device, CpuContext, CpuPlan, PrecompiledCpu, Threads};
+pub use weights::{CpuWeights, WeightPrep, WeightSlot};
 
 /// Where a graph input or output lives in the arena.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +55,28 @@ pub struct CpuStep {
     pub tasks: u32,
 }
 
+/// Status codes kernels return. 1..=5 are `kiln_kernels::KernelError` codes passed through
+/// from a kernel-table entry (GEMM, attention).
+pub mod status {
+    pub const OK: i32 = 0;
+    /// A gather id outside the table.
+    pub const GATHER_OUT_OF_RANGE: i32 = 16;
+
+    /// Words for a status code.
+    pub fn describe(code: i32) -> &'static str {
+        match code {
+            0 => "ok",
+            1 => "a kernel-table call got a buffer too small for its shape",
+            2 => "a kernel-table call got a stride smaller than its row",
+            3 => "a kernel-table call got too little scratch",
+            4 => "a kernel-table call got an unknown activation",
+            5 => "a kernel-table call got an invalid argument",
+            GATHER_OUT_OF_RANGE => "a gather id is outside the embedding table (ids must be in 0..rows)",
+            _ => "unknown status",
+        }
+    }
+}
+
 /// A compiled CPU plan for one bucket, as plain data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuPlanImage {
@@ -52,6 +88,17 @@ pub struct CpuPlanImage {
     pub outputs: Vec<Binding>,
     /// x86 features the code uses (`avx`, `avx2`, `fma`, ...).
     pub required_features: Vec<String>,
+    /// Constant bytes written into the arena at load: `(offset, bytes)`. Kernels never write
+    /// these ranges.
+    pub arena_init: Vec<(usize, Vec<u8>)>,
+    /// Entry `i` of the weights pointer array the code receives: which checkpoint tensor, in
+    /// which layout.
+    pub weights: Vec<WeightSlot>,
+    /// The kernel-table ABI version the code calls (`kiln_kernels::table::KERNEL_ABI_VERSION`).
+    pub kernel_abi: u32,
+    /// Threads the kernel-table scratch (GEMM, attention) was sized for; more threads in the
+    /// pool than this are not used by those kernels.
+    pub scratch_threads: u32,
 }
 
 /// Whether this machine has an x86 feature, by its `is_x86_feature_detected!` name.
@@ -71,7 +118,13 @@ pub fn has_cpu_feature(name: &str) -> bool {
             "bmi1" => is_x86_feature_detected!("bmi1"),
             "bmi2" => is_x86_feature_detected!("bmi2"),
             "lzcnt" => is_x86_feature_detected!("lzcnt"),
+            "f16c" => is_x86_feature_detected!("f16c"),
             "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512dq" => is_x86_feature_detected!("avx512dq"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512bitalg" => is_x86_feature_detected!("avx512bitalg"),
+            "avx512vbmi" => is_x86_feature_detected!("avx512vbmi"),
             _ => false,
         }
     }
@@ -82,10 +135,15 @@ pub fn has_cpu_feature(name: &str) -> bool {
     }
 }
 
+fn range_ok(offset: usize, len: usize, total: usize) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= total)
+}
+
 impl CpuPlanImage {
     /// Checks everything that can be checked without running code: this is an x86-64 machine
-    /// with the features the code needs, every entry lies inside the code, every binding inside
-    /// the arena.
+    /// with the features the code needs, the code calls the kernel-table ABI of this runtime,
+    /// every entry lies inside the code, every binding and constant inside the arena (and
+    /// disjoint from each other), every weight slot is self-consistent.
     pub fn verify(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Artifact { message: format!("bucket {}: {m}", self.bucket) });
         if !cfg!(target_arch = "x86_64") {
@@ -96,18 +154,51 @@ impl CpuPlanImage {
         if !missing.is_empty() {
             return bad(format!("this CPU lacks features the plan was compiled for: {}", missing.join(", ")));
         }
+        if self.kernel_abi != kiln_kernels::table::KERNEL_ABI_VERSION {
+            return bad(format!(
+                "the code calls kernel-table ABI {}, this runtime has ABI {}: recompile the plan",
+                self.kernel_abi,
+                kiln_kernels::table::KERNEL_ABI_VERSION
+            ));
+        }
         if self.code.is_empty() {
             return bad("no code".into());
         }
+        if self.arena_bytes > isize::MAX as usize / 2 {
+            return bad(format!("arena of {} bytes is absurd", self.arena_bytes));
+        }
         for s in &self.steps {
-            if s.entry as usize >= self.code.len() || s.tasks == 0 {
+            if s.entry as usize >= self.code.len() || s.tasks == 0 || s.tasks > 4096 {
                 return bad(format!("step `{}` has entry {} / {} tasks outside the code", s.name, s.entry, s.tasks));
             }
         }
-        for b in self.inputs.iter().chain(&self.outputs) {
-            if b.offset.checked_add(b.bytes()).is_none_or(|end| end > self.arena_bytes) || b.offset % 8 != 0 {
-                return bad(format!("binding at {} of {} bytes lies outside the arena", b.offset, b.bytes()));
+        let mut ranges: Vec<(usize, usize, String)> = Vec::new();
+        for (what, list) in [("input", &self.inputs), ("output", &self.outputs)] {
+            for (i, b) in list.iter().enumerate() {
+                let bytes = b.shape.iter().try_fold(b.dtype.size(), |acc, &d| acc.checked_mul(d));
+                match bytes {
+                    Some(n) if range_ok(b.offset, n, self.arena_bytes) && b.offset % 8 == 0 => {
+                        ranges.push((b.offset, n, format!("{what} {i}")))
+                    }
+                    _ => return bad(format!("{what} {i} at {} of shape {:?} lies outside the arena", b.offset, b.shape)),
+                }
             }
+        }
+        for (i, (off, bytes)) in self.arena_init.iter().enumerate() {
+            if !range_ok(*off, bytes.len(), self.arena_bytes) {
+                return bad(format!("constant {i} at {off} of {} bytes lies outside the arena", bytes.len()));
+            }
+            ranges.push((*off, bytes.len(), format!("constant {i}")));
+        }
+        ranges.retain(|r| r.1 > 0);
+        ranges.sort();
+        for w in ranges.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return bad(format!("{} and {} overlap in the arena", w[0].2, w[1].2));
+            }
+        }
+        for (i, s) in self.weights.iter().enumerate() {
+            s.verify().map_err(|m| Error::Artifact { message: format!("bucket {}: weight slot {i}: {m}", self.bucket) })?;
         }
         Ok(())
     }
@@ -126,6 +217,9 @@ impl AlignedBuf {
         let start = raw.as_ptr().align_offset(64);
         AlignedBuf { raw, start, len }
     }
+    pub fn as_ptr(&self) -> *const u8 {
+        self.raw[self.start..].as_ptr()
+    }
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.raw[self.start..].as_mut_ptr()
     }
@@ -143,8 +237,14 @@ impl AlignedBuf {
     }
 }
 
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+    }
+}
+
 /// The kernel entry ABI.
-pub type KernelFn = unsafe extern "sysv64" fn(*mut u8, *const *const u8, *const u8, usize, usize);
+pub type KernelFn = unsafe extern "sysv64" fn(*mut u8, *const *const u8, *const u8, usize, usize) -> i32;
 
 /// Splits `n` tasks over threads and calls `f(task)` for each; given by the backend.
 pub trait Parallel {
@@ -157,6 +257,12 @@ pub struct Inline;
 impl Parallel for Inline {
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         (0..n).for_each(f)
+    }
+}
+
+impl Parallel for kiln_kernels::threadpool::ThreadPool {
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        kiln_kernels::threadpool::ThreadPool::run(self, n, f)
     }
 }
 
@@ -176,14 +282,18 @@ struct SendPtr<T>(T);
 unsafe impl<T> Sync for SendPtr<T> {}
 
 impl CpuExecutable {
-    /// Verifies the image, then copies its code into fresh memory made read+execute.
+    /// Verifies the image, then copies its code into fresh memory made read+execute and writes
+    /// the constants into a fresh arena.
     pub fn load(image: CpuPlanImage) -> Result<Self> {
         image.verify()?;
         let mut map = memmap2::MmapMut::map_anon(image.code.len())
             .map_err(|e| Error::Backend(format!("cannot map code: {e}")))?;
         map.copy_from_slice(&image.code);
         let code = map.make_exec().map_err(|e| Error::Backend(format!("cannot make code executable: {e}")))?;
-        let arena = AlignedBuf::new(image.arena_bytes);
+        let mut arena = AlignedBuf::new(image.arena_bytes);
+        for (off, bytes) in &image.arena_init {
+            arena.as_mut_slice()[*off..*off + bytes.len()].copy_from_slice(bytes);
+        }
         Ok(CpuExecutable { image, code, arena })
     }
 
@@ -201,12 +311,14 @@ impl CpuExecutable {
         self.code.len() + self.arena.len()
     }
 
-    /// Copies the inputs into the arena, runs every step, copies the outputs out.
+    /// Copies the inputs into the arena, runs every step, copies the outputs out. Allocates
+    /// nothing when the tensors have the bindings' dtypes (the engine guarantees it).
     ///
     /// # Safety
-    /// `weights` must hold the pointers the code was compiled against (same order and layout),
-    /// each valid for the reads the code makes, and `table` must be the function table the code
-    /// was compiled for. Both are the backend's to guarantee; the runtime checks the rest.
+    /// `weights` must hold the pointers the code was compiled against (one per
+    /// [`CpuPlanImage::weights`] slot, prepared in that slot's layout), each valid for the reads
+    /// the code makes, and `table` must point to a live `kiln_kernels::table::KernelTable`
+    /// whose pool outlives the call. [`CpuPlan`] guarantees both; the runtime checks the rest.
     pub unsafe fn run(
         &mut self,
         weights: &[*const u8],
@@ -225,13 +337,28 @@ impl CpuExecutable {
                 outputs.len()
             )));
         }
+        if weights.len() != self.image.weights.len() {
+            return Err(Error::Backend(format!(
+                "plan for bucket {} reads {} weight slots, {} pointers given",
+                self.image.bucket,
+                self.image.weights.len(),
+                weights.len()
+            )));
+        }
         for (t, b) in inputs.iter().zip(&self.image.inputs) {
-            if t.shape != b.shape {
+            if t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
                 return Err(Error::bad_batch(format!(
                     "input of shape {:?} given to a plan for bucket {} that takes {:?}",
                     t.shape, self.image.bucket, b.shape
                 )));
             }
+        }
+        for (t, b) in outputs.iter().zip(&self.image.outputs) {
+            if t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
+                return Err(Error::bad_batch(format!("output buffer {:?} for a plan output {:?}", t.shape, b.shape)));
+            }
+        }
+        for (t, b) in inputs.iter().zip(&self.image.inputs) {
             write_binding(self.arena.as_mut_slice(), b, &t.data);
         }
         let arena = SendPtr(self.arena.as_mut_ptr());
@@ -242,17 +369,29 @@ impl CpuExecutable {
             // kernel ABI by construction (it is what the compiler emitted for this image).
             let f: KernelFn = unsafe { std::mem::transmute(self.code.as_ptr().add(step.entry as usize)) };
             let n = step.tasks as usize;
-            if n == 1 {
-                unsafe { f(arena.0, w.0, tab.0, 0, 1) };
+            let st = if n == 1 {
+                unsafe { f(arena.0, w.0, tab.0, 0, 1) }
             } else {
+                let first = std::sync::atomic::AtomicI32::new(0);
                 let (a, w, t) = (&arena, &w, &tab);
-                pool.run(n, &|task| unsafe { f(a.0, w.0, t.0, task, n) });
+                pool.run(n, &|task| {
+                    let s = unsafe { f(a.0, w.0, t.0, task, n) };
+                    if s != 0 {
+                        let _ = first.compare_exchange(0, s, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+                first.into_inner()
+            };
+            if st != status::OK {
+                return Err(Error::Backend(format!(
+                    "kernel `{}` (bucket {}) failed with status {st}: {}",
+                    step.name,
+                    self.image.bucket,
+                    status::describe(st)
+                )));
             }
         }
         for (t, b) in outputs.iter_mut().zip(&self.image.outputs) {
-            if t.shape != b.shape {
-                return Err(Error::bad_batch(format!("output buffer {:?} for a plan output {:?}", t.shape, b.shape)));
-            }
             read_binding(self.arena.as_slice(), b, &mut t.data);
         }
         Ok(())
@@ -295,6 +434,8 @@ fn read_binding(arena: &[u8], b: &Binding, out: &mut TensorData) {
         (TensorData::F32(v), DType::F32) => get!(v, f32, 4),
         (TensorData::I64(v), DType::I64) => get!(v, i64, 8),
         (TensorData::I32(v), DType::I32) => get!(v, i32, 4),
+        (TensorData::F16(v), DType::F16) => get!(v, half::f16, 2),
+        (TensorData::BF16(v), DType::BF16) => get!(v, half::bf16, 2),
         (out, _) => *out = TensorData::from_le_bytes(b.dtype, src).convert(out.dtype()),
     }
 }

@@ -27,6 +27,10 @@ fn image(bucket: Bucket, features: &[&str]) -> CpuPlanImage {
         inputs: vec![Binding { offset: 0, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
         outputs: vec![Binding { offset: 64, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
         required_features: features.iter().map(|s| s.to_string()).collect(),
+        arena_init: vec![(96, vec![1, 2, 3, 4])],
+        weights: vec![],
+        kernel_abi: kiln_kernels::table::KERNEL_ABI_VERSION,
+        scratch_threads: 1,
     }
 }
 
@@ -152,15 +156,16 @@ fn images_with_entries_or_bindings_outside_are_rejected() {
     assert!(CpuExecutable::load(i).is_err());
 }
 
-/// The executor maps and calls real code: `mov dword [rdi+64], 0x40400000 (3.0); ret`, i.e.
-/// the kernel writes 3.0 into the first output element in the arena (rdi = arena).
+/// The executor maps and calls real code: `mov dword [rdi+64], 0x40400000 (3.0); xor eax, eax;
+/// ret`, i.e. the kernel writes 3.0 into the first output element in the arena (rdi = arena)
+/// and returns status 0.
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn executor_runs_verified_code() {
     use kiln_runtime::cpu::Inline;
     use kiln_runtime::HostTensor;
     let mut img = image(Bucket::new(1, 1), &[]);
-    img.code = vec![0xC7, 0x47, 0x40, 0x00, 0x00, 0x40, 0x40, 0xC3];
+    img.code = vec![0xC7, 0x47, 0x40, 0x00, 0x00, 0x40, 0x40, 0x31, 0xC0, 0xC3];
     let mut exe = CpuExecutable::load(img).unwrap();
     let input = HostTensor::f32(vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
     let mut out = vec![HostTensor::zeros(DType::F32, vec![1, 4])];

@@ -1,0 +1,302 @@
+//! Weights for CPU plans: the layouts generated code expects ([`WeightSlot`]) and their
+//! one-time preparation from checkpoint tensors (conversion, transposition, GEMM packing).
+//!
+//! [`CpuWeights`] holds the checkpoint tensors once and a cache of prepared slots, so a slot
+//! shared by several buckets' plans (every linear layer's packed weight) is prepared once, at
+//! the first upload or lowering that needs it, and never per run.
+
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{DType, HostTensor, TensorData};
+use crate::error::{Error, Result};
+
+/// How the code reads one checkpoint tensor (entry `i` of the weights pointer array).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WeightSlot {
+    /// Index in the graph's weight table.
+    pub index: usize,
+    /// Shape of the checkpoint tensor.
+    pub shape: Vec<usize>,
+    /// Element type the code reads (the checkpoint tensor is converted to it).
+    pub dtype: DType,
+    pub prep: WeightPrep,
+}
+
+/// The transformation applied once to a checkpoint tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WeightPrep {
+    /// Row-major in the checkpoint's shape.
+    AsIs,
+    /// A rank-2 tensor `[r, c]` stored transposed, row-major `[c, r]`.
+    Transposed,
+    /// The B operand of a GEMM packed for `kiln_kernels` (`gemm_f32`, f32 only): B(p, j), for
+    /// `p < k` and `j < n`, is element `offset + p·row_stride + j·col_stride` of the storage —
+    /// the checkpoint tensor, or its transpose when `transposed`.
+    PackedB { transposed: bool, offset: usize, k: usize, n: usize, row_stride: usize, col_stride: usize },
+}
+
+impl WeightSlot {
+    /// Elements of the checkpoint tensor.
+    pub fn numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+    }
+
+    /// Internal consistency (no tensor needed): ranks, dtypes, the packed view inside the storage.
+    pub fn verify(&self) -> std::result::Result<(), String> {
+        let numel = self.numel().ok_or("shape overflows")?;
+        match &self.prep {
+            WeightPrep::AsIs => Ok(()),
+            WeightPrep::Transposed if self.shape.len() == 2 => Ok(()),
+            WeightPrep::Transposed => Err(format!("a transposed weight must be rank 2, not {:?}", self.shape)),
+            WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
+                if *transposed && self.shape.len() != 2 {
+                    return Err(format!("a transposed weight must be rank 2, not {:?}", self.shape));
+                }
+                if self.dtype != DType::F32 {
+                    return Err(format!("packed GEMM weights are f32, not {}", self.dtype));
+                }
+                if *k == 0 || *n == 0 {
+                    return Ok(());
+                }
+                let last = (k - 1)
+                    .checked_mul(*row_stride)
+                    .and_then(|a| (n - 1).checked_mul(*col_stride).and_then(|b| a.checked_add(b)))
+                    .and_then(|a| a.checked_add(*offset));
+                match last {
+                    Some(l) if l < numel => Ok(()),
+                    _ => Err(format!("packed view (offset {offset}, {k}x{n}, strides {row_stride},{col_stride}) outside {numel} elements")),
+                }
+            }
+        }
+    }
+
+    /// Bytes of the prepared data.
+    pub fn prepared_bytes(&self) -> usize {
+        match &self.prep {
+            WeightPrep::PackedB { k, n, .. } => kiln_kernels::gemm::packed_b_len(*k, *n) * 4,
+            _ => self.numel().unwrap_or(0) * self.dtype.size(),
+        }
+    }
+}
+
+/// 64-byte-aligned bytes.
+struct Aligned {
+    lines: Vec<[u64; 8]>,
+    len: usize,
+}
+
+impl Aligned {
+    fn zeroed(len: usize) -> Self {
+        Aligned { lines: vec![[0u64; 8]; len.div_ceil(64)], len }
+    }
+    fn as_mut_bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `lines` holds 64·lines.len() >= len initialized bytes; u8 has no alignment.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+    fn as_mut_f32(&mut self) -> &mut [f32] {
+        // SAFETY: as above; [u64; 8] is 8-aligned, more than f32 needs; every bit pattern is a valid f32.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len / 4) }
+    }
+    fn as_ptr(&self) -> *const u8 {
+        self.lines.as_ptr().cast()
+    }
+}
+
+/// One prepared slot.
+enum Prepared {
+    /// The checkpoint tensor's own data (layout and dtype already right).
+    Host(usize),
+    Owned(Aligned),
+}
+
+fn le_bytes(d: &TensorData) -> Vec<u8> {
+    match d {
+        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn host_ptr(t: &HostTensor) -> *const u8 {
+    match &t.data {
+        TensorData::F32(v) => v.as_ptr().cast(),
+        TensorData::F16(v) => v.as_ptr().cast(),
+        TensorData::BF16(v) => v.as_ptr().cast(),
+        TensorData::I64(v) => v.as_ptr().cast(),
+        TensorData::I32(v) => v.as_ptr().cast(),
+    }
+}
+
+/// Transposes a row-major `[r, c]` f64 matrix.
+fn transpose(v: &[f64], r: usize, c: usize) -> Vec<f64> {
+    let mut t = vec![0f64; v.len()];
+    for i in 0..r {
+        for j in 0..c {
+            t[j * r + i] = v[i * c + j];
+        }
+    }
+    t
+}
+
+struct Inner {
+    tensors: Vec<HostTensor>,
+    cache: Mutex<Vec<(WeightSlot, Arc<Prepared>)>>,
+}
+
+/// Checkpoint tensors plus every slot prepared from them so far. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct CpuWeights {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CpuWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuWeights").field("tensors", &self.inner.tensors.len()).field("bytes", &self.bytes()).finish()
+    }
+}
+
+/// Prepared weights of one plan: keeps the slots alive and gives the pointer array.
+pub struct SlotPointers {
+    _keep: Vec<Arc<Prepared>>,
+    _weights: CpuWeights,
+    pub ptrs: Vec<*const u8>,
+}
+
+// SAFETY: the pointers point into data owned by `_keep` / `_weights` (immutable after
+// preparation), which are themselves Send + Sync.
+unsafe impl Send for SlotPointers {}
+// SAFETY: as above.
+unsafe impl Sync for SlotPointers {}
+// SAFETY: Prepared holds plain owned bytes.
+unsafe impl Send for Prepared {}
+// SAFETY: as above; never mutated after construction.
+unsafe impl Sync for Prepared {}
+
+impl CpuWeights {
+    /// Takes the checkpoint tensors (indexed like the graph's weight table).
+    pub fn new(tensors: Vec<HostTensor>) -> Self {
+        CpuWeights { inner: Arc::new(Inner { tensors, cache: Mutex::new(Vec::new()) }) }
+    }
+
+    pub fn tensors(&self) -> &[HostTensor] {
+        &self.inner.tensors
+    }
+
+    /// Bytes held: checkpoint tensors plus prepared copies.
+    pub fn bytes(&self) -> usize {
+        let host: usize = self.inner.tensors.iter().map(|t| t.byte_len()).sum();
+        let cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let prepared: usize =
+            cache.iter().map(|(_, p)| if let Prepared::Owned(a) = &**p { a.len } else { 0 }).sum();
+        host + prepared
+    }
+
+    /// Number of slots prepared so far (each at most once).
+    pub fn prepared_slots(&self) -> usize {
+        self.inner.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Prepares (or finds already prepared) every slot and returns the pointer array a plan's
+    /// code reads.
+    pub fn pointers(&self, slots: &[WeightSlot]) -> Result<SlotPointers> {
+        let mut keep = Vec::with_capacity(slots.len());
+        let mut ptrs = Vec::with_capacity(slots.len());
+        for s in slots {
+            let p = self.prepare(s)?;
+            ptrs.push(match &*p {
+                Prepared::Host(i) => host_ptr(&self.inner.tensors[*i]),
+                Prepared::Owned(a) => a.as_ptr(),
+            });
+            keep.push(p);
+        }
+        Ok(SlotPointers { _keep: keep, _weights: self.clone(), ptrs })
+    }
+
+    /// Prepares one slot once (cached).
+    pub fn prepare_slot(&self, slot: &WeightSlot) -> Result<()> {
+        self.prepare(slot).map(|_| ())
+    }
+
+    fn prepare(&self, slot: &WeightSlot) -> Result<Arc<Prepared>> {
+        let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = cache.iter().find(|(s, _)| s == slot) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.build(slot)?);
+        cache.push((slot.clone(), p.clone()));
+        Ok(p)
+    }
+
+    fn build(&self, slot: &WeightSlot) -> Result<Prepared> {
+        let bad = |m: String| Error::Backend(format!("weight slot for tensor #{}: {m}", slot.index));
+        slot.verify().map_err(bad)?;
+        let t = self
+            .inner
+            .tensors
+            .get(slot.index)
+            .ok_or_else(|| bad(format!("the checkpoint has only {} tensors", self.inner.tensors.len())))?;
+        if t.shape != slot.shape || t.numel() != slot.numel().unwrap_or(usize::MAX) {
+            return Err(Error::TensorMismatch {
+                path: "<cpu weights>".into(),
+                tensor: format!("#{}", slot.index),
+                expected: format!("{:?}", slot.shape),
+                found: format!("{:?}", t.shape),
+            });
+        }
+        match &slot.prep {
+            WeightPrep::AsIs if t.dtype() == slot.dtype => Ok(Prepared::Host(slot.index)),
+            WeightPrep::AsIs | WeightPrep::Transposed => {
+                let data = match slot.prep {
+                    WeightPrep::Transposed => TensorData::from_f64(
+                        slot.dtype,
+                        &transpose(&t.data.to_f64_vec(), slot.shape[0], slot.shape[1]),
+                    ),
+                    _ => t.data.convert(slot.dtype),
+                };
+                let bytes = le_bytes(&data);
+                let mut a = Aligned::zeroed(bytes.len());
+                a.as_mut_bytes().copy_from_slice(&bytes);
+                Ok(Prepared::Owned(a))
+            }
+            WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
+                let (k, n, rs, cs) = (*k, *n, *row_stride, *col_stride);
+                let mut storage: Vec<f32> = t.to_f32_vec();
+                if *transposed {
+                    let (r, c) = (slot.shape[0], slot.shape[1]);
+                    let mut tr = vec![0f32; storage.len()];
+                    for i in 0..r {
+                        for j in 0..c {
+                            tr[j * r + i] = storage[i * c + j];
+                        }
+                    }
+                    storage = tr;
+                }
+                let len = kiln_kernels::gemm::packed_b_len(k, n);
+                let mut a = Aligned::zeroed(len * 4);
+                let dst = a.as_mut_f32();
+                let src = &storage[(*offset).min(storage.len())..];
+                let r = if k == 0 || n == 0 {
+                    Ok(())
+                } else if cs == 1 && (k == 1 || rs >= n) {
+                    kiln_kernels::gemm::pack_b_into(src, k, n, if k == 1 { n } else { rs }, false, dst)
+                } else if rs == 1 && (n == 1 || cs >= k) {
+                    kiln_kernels::gemm::pack_b_into(src, k, n, if n == 1 { k } else { cs }, true, dst)
+                } else {
+                    let mut dense = vec![0f32; k * n];
+                    for p in 0..k {
+                        for j in 0..n {
+                            dense[p * n + j] = src[p * rs + j * cs];
+                        }
+                    }
+                    kiln_kernels::gemm::pack_b_into(&dense, k, n, n, false, dst)
+                };
+                r.map_err(|e| bad(format!("cannot pack: {e}")))?;
+                Ok(Prepared::Owned(a))
+            }
+        }
+    }
+}
