@@ -15,10 +15,12 @@
 //! reserve them once at lower time.
 
 pub mod aligned;
+pub mod attention;
 
 pub mod error;
 pub mod gemm;
 pub mod math;
+pub mod table;
 
 pub mod threadpool;
 

@@ -1,0 +1,436 @@
+//! Fused attention for one (batch, head), and a batched driver over batch × heads:
+//! `out = softmax(Q·Kᵀ·scale + mask)·V`, computed one block of [`ROW_BLOCK`] query rows at a time,
+//! so only `ROW_BLOCK × seq_k` scores ever exist.
+//!
+//! Per head: Kᵀ and V are packed once into GEMM B panels (scratch). Per row block:
+//! 1. `S = scale·Q_blk·Kᵀ` with the GEMM microkernel; the additive mask is added by the GEMM
+//!    epilogue while each score tile is hot (as a per-column bias when the mask is one row broadcast
+//!    over queries, as a residual when it has a row stride);
+//! 2. each score row becomes `exp(s - max)` with its sum (exact two-pass softmax on the row);
+//! 3. `O_blk = P·V` with the microkernel, then each output row is scaled by 1/sum.
+//!
+//! A fully masked row (all scores -inf) gives an all-zero output row.
+
+use crate::error::check_len;
+use crate::gemm::{align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, NR};
+use crate::math::{exp_shift_sum_raw, scale_raw, Activation};
+use crate::threadpool::ThreadPool;
+use crate::{Isa, KernelError};
+
+/// Query rows per block (a multiple of the microkernel's MR).
+pub const ROW_BLOCK: usize = 48;
+const SLACK: usize = 16;
+
+/// Sizes of one attention head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnDims {
+    /// Query rows.
+    pub seq_q: usize,
+    /// Key / value rows.
+    pub seq_k: usize,
+    /// Q and K width.
+    pub head_dim: usize,
+    /// V and output width.
+    pub head_dim_v: usize,
+}
+
+/// Row strides (in floats) of one head's operands. Columns are contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnStrides {
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub out: usize,
+    /// Mask row stride; 0 broadcasts one mask row (`seq_k` floats) over all query rows.
+    pub mask: usize,
+}
+
+/// Scratch floats one head (one worker) needs.
+pub fn attention_scratch_len(d: AttnDims) -> usize {
+    let rb = ROW_BLOCK.min(d.seq_q).max(1);
+    packed_b_len(d.head_dim, d.seq_k)
+        + packed_b_len(d.seq_k, d.head_dim_v)
+        + rb * d.seq_k
+        + rb
+        + apack_len(rb, d.head_dim.max(d.seq_k))
+        + 4 * SLACK
+}
+
+/// One head in raw form.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadDesc {
+    pub dims: AttnDims,
+    pub q: *const f32,
+    pub k: *const f32,
+    pub v: *const f32,
+    /// Null for no mask.
+    pub mask: *const f32,
+    pub out: *mut f32,
+    pub strides: AttnStrides,
+    pub scale: f32,
+}
+
+/// Runs one head on the calling thread.
+///
+/// # Safety
+/// Q: seq_q rows × head_dim at strides.q; K: seq_k × head_dim at strides.k; V: seq_k × head_dim_v at
+/// strides.v; out: seq_q × head_dim_v at strides.out (writable, disjoint from the inputs); mask (if
+/// not null): seq_k floats per row, seq_q rows at strides.mask (or one row when 0); `scratch`
+/// writable for `attention_scratch_len(dims)` floats, disjoint from everything else.
+pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &Arch, isa: Isa) {
+    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = h.dims;
+    if sq == 0 || dv == 0 {
+        return;
+    }
+    let rb_max = ROW_BLOCK.min(sq);
+    let kpack = align64(scratch);
+    let vpack = align64(kpack.wrapping_add(packed_b_len(d, sk)));
+    let s = align64(vpack.wrapping_add(packed_b_len(sk, dv)));
+    let inv = align64(s.wrapping_add(rb_max * sk));
+    let apack = align64(inv.wrapping_add(rb_max));
+    // SAFETY (whole body): the regions above lie inside the scratch extent by construction of
+    // attention_scratch_len; operand extents are the caller's contract.
+    unsafe {
+        // Kᵀ as B of S = Q·Kᵀ: B(p, j) = K[j, p], i.e. a transposed [n = sk, k = d] source.
+        pack_b_raw(h.k, d, sk, h.strides.k, true, kpack);
+        // V as B of O = P·V: [k = sk, n = dv].
+        pack_b_raw(h.v, sk, dv, h.strides.v, false, vpack);
+        let mut r0 = 0;
+        while r0 < sq {
+            let rb = rb_max.min(sq - r0);
+            if sk == 0 {
+                // Softmax over nothing: define the output as zeros.
+                for i in 0..rb {
+                    std::ptr::write_bytes(h.out.add((r0 + i) * h.strides.out), 0, dv);
+                }
+                r0 += rb;
+                continue;
+            }
+            let mut epi = Epilogue { scale: h.scale, ..Epilogue::NONE };
+            if !h.mask.is_null() {
+                if h.strides.mask == 0 {
+                    epi.bias = h.mask;
+                } else {
+                    epi.residual = h.mask.add(r0 * h.strides.mask);
+                    epi.residual_stride = h.strides.mask;
+                }
+            }
+            let sd = GemmDesc {
+                m: rb,
+                n: sk,
+                k: d,
+                a: h.q.add(r0 * h.strides.q),
+                lda: h.strides.q,
+                b: kpack,
+                c: s,
+                ldc: sk,
+                accumulate: false,
+                epi,
+                act: Activation::None,
+            };
+            gemm_block(&sd, 0, rb, 0, sk.div_ceil(NR), apack, arch);
+            for i in 0..rb {
+                let (_, sum) = exp_shift_sum_raw(s.add(i * sk), sk, isa);
+                *inv.add(i) = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            }
+            let od = GemmDesc {
+                m: rb,
+                n: dv,
+                k: sk,
+                a: s,
+                lda: sk,
+                b: vpack,
+                c: h.out.add(r0 * h.strides.out),
+                ldc: h.strides.out,
+                accumulate: false,
+                epi: Epilogue::NONE,
+                act: Activation::None,
+            };
+            gemm_block(&od, 0, rb, 0, dv.div_ceil(NR), apack, arch);
+            for i in 0..rb {
+                scale_raw(h.out.add((r0 + i) * h.strides.out), dv, *inv.add(i), isa);
+            }
+            r0 += rb;
+        }
+    }
+}
+
+/// Elements a row-major view spans (0 when empty), as an error when the stride is too small.
+fn view(what: &'static str, rows: usize, cols: usize, ld: usize) -> Result<usize, KernelError> {
+    crate::error::span(what, rows, cols, ld)
+}
+
+/// Fused attention for one (batch, head): `out = softmax(Q·Kᵀ·scale + mask)·V`.
+///
+/// `mask` is additive (`-inf` or a large negative value masks a key); with `strides.mask == 0` it is
+/// one row of `seq_k` floats for every query. `scratch`: at least [`attention_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f32(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<&[f32]>,
+    out: &mut [f32],
+    dims: AttnDims,
+    strides: AttnStrides,
+    scale: f32,
+    scratch: &mut [f32],
+    isa: Isa,
+) -> Result<(), KernelError> {
+    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = dims;
+    check_len("q", q.len(), view("q", sq, d, strides.q)?)?;
+    check_len("k", k.len(), view("k", sk, d, strides.k)?)?;
+    check_len("v", v.len(), view("v", sk, dv, strides.v)?)?;
+    check_len("out", out.len(), view("out", sq, dv, strides.out)?)?;
+    if let Some(m) = mask {
+        let rows = if strides.mask == 0 { 1 } else { sq };
+        check_len("mask", m.len(), view("mask", rows, sk, strides.mask.max(sk))?)?;
+    }
+    let need = attention_scratch_len(dims);
+    check_len("attention scratch", scratch.len(), need)
+        .map_err(|_| KernelError::ScratchTooSmall { needed: need, got: scratch.len() })?;
+    let h = HeadDesc {
+        dims,
+        q: q.as_ptr(),
+        k: k.as_ptr(),
+        v: v.as_ptr(),
+        mask: mask.map_or(std::ptr::null(), |m| m.as_ptr()),
+        out: out.as_mut_ptr(),
+        strides,
+        scale,
+    };
+    // SAFETY: every extent checked above; out and scratch are distinct &mut borrows.
+    unsafe { attention_head_raw(&h, scratch.as_mut_ptr(), &Arch::for_isa(isa), isa) };
+    Ok(())
+}
+
+/// Batched multi-head attention, C ABI layout (`repr(C)`; all fields 8 bytes (CLIF `i64`) except
+/// `scale` (f32) and `_pad` (u32)). Head `(b, h)` reads
+/// `q + b·q_batch_stride + h·q_head_stride` (seq_q rows at `q_row_stride`), likewise K, V and the
+/// mask (null for none; `mask_row_stride == 0` broadcasts one row over the queries; use stride 0 on
+/// the head to share one mask across heads) and writes `out + b·out_batch_stride + h·out_head_stride`.
+///
+/// Offsets in declaration order: batch 0, heads 8, seq_q 16, seq_k 24, head_dim 32, head_dim_v 40,
+/// q 48, q_batch_stride 56, q_head_stride 64, q_row_stride 72, k 80, k_batch_stride 88,
+/// k_head_stride 96, k_row_stride 104, v 112, v_batch_stride 120, v_head_stride 128,
+/// v_row_stride 136, out 144, out_batch_stride 152, out_head_stride 160, out_row_stride 168,
+/// mask 176, mask_batch_stride 184, mask_head_stride 192, mask_row_stride 200, scale 208 (f32),
+/// _pad 212, scratch 216, scratch_len 224; size 232. `tests/table.rs` checks them.
+///
+/// Scratch: `threads × attention_scratch_len(dims)` floats for `threads` parallel heads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionArgs {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub q: *const f32,
+    pub q_batch_stride: usize,
+    pub q_head_stride: usize,
+    pub q_row_stride: usize,
+    pub k: *const f32,
+    pub k_batch_stride: usize,
+    pub k_head_stride: usize,
+    pub k_row_stride: usize,
+    pub v: *const f32,
+    pub v_batch_stride: usize,
+    pub v_head_stride: usize,
+    pub v_row_stride: usize,
+    pub out: *mut f32,
+    pub out_batch_stride: usize,
+    pub out_head_stride: usize,
+    pub out_row_stride: usize,
+    pub mask: *const f32,
+    pub mask_batch_stride: usize,
+    pub mask_head_stride: usize,
+    pub mask_row_stride: usize,
+    pub scale: f32,
+    pub _pad: u32,
+    pub scratch: *mut f32,
+    pub scratch_len: usize,
+}
+
+// SAFETY: shared by the workers of one call, which read Q/K/V/mask, write disjoint output heads and
+// use disjoint scratch regions (the raw entry's contract).
+unsafe impl Sync for AttentionArgs {}
+// SAFETY: as above.
+unsafe impl Send for AttentionArgs {}
+
+impl AttentionArgs {
+    pub fn dims(&self) -> AttnDims {
+        AttnDims { seq_q: self.seq_q, seq_k: self.seq_k, head_dim: self.head_dim, head_dim_v: self.head_dim_v }
+    }
+}
+
+/// Scratch floats for batched attention on `threads` threads.
+pub fn attention_batched_scratch_len(dims: AttnDims, threads: usize) -> usize {
+    threads.max(1) * attention_scratch_len(dims)
+}
+
+/// Raw batched attention.
+///
+/// # Safety
+/// Every head's operands valid as in [`attention_head_raw`]; output heads pairwise disjoint and
+/// disjoint from the inputs; scratch writable for `scratch_len` floats and disjoint from the rest.
+pub(crate) unsafe fn attention_batched_raw(g: &AttentionArgs, pool: Option<&ThreadPool>, isa: Isa) -> Result<(), KernelError> {
+    let items = g.batch * g.heads;
+    if items == 0 || g.seq_q == 0 || g.head_dim_v == 0 {
+        return Ok(());
+    }
+    let per = attention_scratch_len(g.dims());
+    if g.scratch.is_null() || g.scratch_len < per {
+        return Err(KernelError::ScratchTooSmall { needed: per, got: if g.scratch.is_null() { 0 } else { g.scratch_len } });
+    }
+    let arch = Arch::for_isa(isa);
+    let workers = pool.map_or(1, |p| p.threads()).min(g.scratch_len / per).max(1);
+    let sp = g.scratch as usize;
+    let g = *g;
+    let body = move |item: usize, w: usize| {
+        let g = &g;
+        let (b, hd) = (item / g.heads, item % g.heads);
+        let h = HeadDesc {
+            dims: g.dims(),
+            q: g.q.wrapping_add(b * g.q_batch_stride + hd * g.q_head_stride),
+            k: g.k.wrapping_add(b * g.k_batch_stride + hd * g.k_head_stride),
+            v: g.v.wrapping_add(b * g.v_batch_stride + hd * g.v_head_stride),
+            mask: if g.mask.is_null() {
+                std::ptr::null()
+            } else {
+                g.mask.wrapping_add(b * g.mask_batch_stride + hd * g.mask_head_stride)
+            },
+            out: g.out.wrapping_add(b * g.out_batch_stride + hd * g.out_head_stride),
+            strides: AttnStrides {
+                q: g.q_row_stride,
+                k: g.k_row_stride,
+                v: g.v_row_stride,
+                out: g.out_row_stride,
+                mask: g.mask_row_stride,
+            },
+            scale: g.scale,
+        };
+        // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
+        unsafe { attention_head_raw(&h, (sp as *mut f32).wrapping_add(w * per), &arch, isa) };
+    };
+    match pool {
+        Some(p) if workers > 1 && workers == p.threads() => p.run_indexed(items, &body),
+        Some(p) if workers > 1 => {
+            let n_tasks = workers.min(items);
+            p.run(n_tasks, &|t| {
+                let mut i = t;
+                while i < items {
+                    body(i, t);
+                    i += n_tasks;
+                }
+            })
+        }
+        _ => {
+            for i in 0..items {
+                body(i, 0);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One operand of [`attention_batched`]: data plus batch, head and row strides (columns contiguous).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsRef<'a> {
+    pub data: &'a [f32],
+    pub batch_stride: usize,
+    pub head_stride: usize,
+    pub row_stride: usize,
+}
+
+/// Mutable [`HeadsRef`].
+#[derive(Debug)]
+pub struct HeadsMut<'a> {
+    pub data: &'a mut [f32],
+    pub batch_stride: usize,
+    pub head_stride: usize,
+    pub row_stride: usize,
+}
+
+fn heads_extent(what: &'static str, batch: usize, heads: usize, rows: usize, cols: usize, bs: usize, hs: usize, rs: usize) -> Result<usize, KernelError> {
+    if batch == 0 || heads == 0 || rows == 0 || cols == 0 {
+        return Ok(0);
+    }
+    let one = view(what, rows, cols, rs)?;
+    (batch - 1)
+        .checked_mul(bs)
+        .and_then(|x| (heads - 1).checked_mul(hs).and_then(|y| x.checked_add(y)))
+        .and_then(|x| x.checked_add(one))
+        .ok_or(KernelError::Invalid("attention operand extent overflows usize"))
+}
+
+/// Multi-head attention over `batch × heads` heads, spread over `pool`. `mask` (additive) is
+/// indexed with its own batch/head/row strides (row stride 0 = one row broadcast over queries).
+/// Output heads must not overlap (checked). `scratch`: at least
+/// [`attention_batched_scratch_len`]`(dims, 1)` floats; more lets more heads run in parallel.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_batched(
+    batch: usize,
+    heads: usize,
+    dims: AttnDims,
+    q: HeadsRef<'_>,
+    k: HeadsRef<'_>,
+    v: HeadsRef<'_>,
+    mask: Option<HeadsRef<'_>>,
+    out: HeadsMut<'_>,
+    scale: f32,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
+    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = dims;
+    let ext = |w, x: &HeadsRef<'_>, rows, cols| heads_extent(w, batch, heads, rows, cols, x.batch_stride, x.head_stride, x.row_stride);
+    check_len("q", q.data.len(), ext("q", &q, sq, d)?)?;
+    check_len("k", k.data.len(), ext("k", &k, sk, d)?)?;
+    check_len("v", v.data.len(), ext("v", &v, sk, dv)?)?;
+    check_len("out", out.data.len(), heads_extent("out", batch, heads, sq, dv, out.batch_stride, out.head_stride, out.row_stride)?)?;
+    if let Some(m) = &mask {
+        let rows = if m.row_stride == 0 { 1 } else { sq };
+        check_len("mask", m.data.len(), heads_extent("mask", batch, heads, rows, sk, m.batch_stride, m.head_stride, m.row_stride.max(sk))?)?;
+    }
+    if !crate::gemm::injective(&mut [(batch, out.batch_stride), (heads, out.head_stride), (sq, out.row_stride), (dv, 1)]) {
+        return Err(KernelError::Invalid("attention: output heads overlap"));
+    }
+    let m = mask.unwrap_or(HeadsRef { data: &[], batch_stride: 0, head_stride: 0, row_stride: 0 });
+    let args = AttentionArgs {
+        batch,
+        heads,
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        head_dim_v: dv,
+        q: q.data.as_ptr(),
+        q_batch_stride: q.batch_stride,
+        q_head_stride: q.head_stride,
+        q_row_stride: q.row_stride,
+        k: k.data.as_ptr(),
+        k_batch_stride: k.batch_stride,
+        k_head_stride: k.head_stride,
+        k_row_stride: k.row_stride,
+        v: v.data.as_ptr(),
+        v_batch_stride: v.batch_stride,
+        v_head_stride: v.head_stride,
+        v_row_stride: v.row_stride,
+        out: out.data.as_mut_ptr(),
+        out_batch_stride: out.batch_stride,
+        out_head_stride: out.head_stride,
+        out_row_stride: out.row_stride,
+        mask: if mask.is_some() { m.data.as_ptr() } else { std::ptr::null() },
+        mask_batch_stride: m.batch_stride,
+        mask_head_stride: m.head_stride,
+        mask_row_stride: m.row_stride,
+        scale,
+        _pad: 0,
+        scratch: scratch.as_mut_ptr(),
+        scratch_len: scratch.len(),
+    };
+    // SAFETY: extents and output disjointness checked above; out (&mut) cannot alias the inputs;
+    // scratch is a distinct &mut borrow.
+    unsafe { attention_batched_raw(&args, pool, isa) }
+}
