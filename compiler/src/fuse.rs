@@ -604,7 +604,7 @@ impl<'a> Fuser<'a> {
                     Some(t) => t,
                     None => {
                         let name = format!("{}.copy", n.name);
-                        let c = self.emit_copy(&name, n.dtype, &x, &[n.name.clone()])?;
+                        let c = self.emit_copy(&name, n.dtype, &x, std::slice::from_ref(&n.name))?;
                         c.reshape(&shape).ok_or_else(|| internal("reshape of a dense copy failed"))?
                     }
                 }

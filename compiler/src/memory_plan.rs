@@ -338,7 +338,7 @@ pub fn check_plan(program: &KernelProgram, plan: &MemoryPlan) -> Result<()> {
         let Some((first, last)) = *l else { continue };
         let off = plan.offsets.get(b).copied().flatten().ok_or_else(|| err(format!("b{b} has no offset")))?;
         let bytes = program.buffers[b].bytes();
-        if off % plan.alignment != 0 || plan.alignment % ALIGN != 0 {
+        if plan.alignment == 0 || !off.is_multiple_of(plan.alignment) || !plan.alignment.is_multiple_of(ALIGN) {
             return Err(err(format!("b{b} at offset {off} is not {ALIGN}-byte aligned")));
         }
         if off + bytes > plan.arena_bytes {

@@ -431,7 +431,7 @@ impl Gen<'_> {
         let mut dims = Vec::new();
         let mut rest = prod;
         for _ in 0..self.rng.below(3) {
-            let divs: Vec<usize> = (2..=rest).filter(|d| rest % d == 0).collect();
+            let divs: Vec<usize> = (2..=rest).filter(|d| rest.is_multiple_of(*d)).collect();
             if divs.is_empty() {
                 break;
             }
@@ -579,7 +579,14 @@ pub fn random_graph(rng: &mut Rng) -> Result<Graph> {
     let h = g.rng.pick(&[4usize, 6, 8]);
     // The main activation [batch, seq, h]: an input, or embeddings of token ids.
     let x = if g.rng.chance(0.4) {
-        let ids = g.b.input("input_ids", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::TokenIds)?;
+        let mut ids = g.b.input("input_ids", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::TokenIds)?;
+        if g.rng.chance(0.3) {
+            // Integer arithmetic and casts on the ids (exact): (ids + ids) - ids, via f32.
+            let two = g.b.add(ids, ids)?;
+            let back = g.b.sub(two, ids)?;
+            let f = g.b.cast(back, DType::F32)?;
+            ids = g.b.cast(f, DType::I64)?;
+        }
         let table = g.weight(&[7, h])?;
         let mut e = g.b.gather(table, ids)?;
         if g.rng.chance(0.5) {

