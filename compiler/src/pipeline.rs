@@ -35,11 +35,13 @@ pub struct Lowered {
     pub fusion: FusionReport,
 }
 
+/// Whether a `KILN_DUMP` value (`pass[,pass..]` or `all`) asks for `stage`.
+pub fn dump_spec_matches(spec: &str, stage: &str) -> bool {
+    spec.split(',').map(str::trim).any(|s| s == stage || s == "all")
+}
+
 fn dump_requested(stage: &str) -> bool {
-    match std::env::var("KILN_DUMP") {
-        Ok(v) => v.split(',').map(str::trim).any(|s| s == stage || s == "all"),
-        Err(_) => false,
-    }
+    std::env::var("KILN_DUMP").is_ok_and(|v| dump_spec_matches(&v, stage))
 }
 
 fn run_with(graph: &Graph, bucket: Bucket, hook: &mut dyn FnMut(&str, &dyn Fn() -> String)) -> Result<Lowered> {
@@ -81,6 +83,20 @@ pub fn dump_after(graph: &Graph, bucket: Bucket, stage: &str) -> Result<String> 
         }
     })?;
     Ok(out.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kiln_dump_spec() {
+        assert!(dump_spec_matches("fuse", "fuse"));
+        assert!(dump_spec_matches("simplify, memory_plan", "memory_plan"));
+        assert!(dump_spec_matches("all", "cse"));
+        assert!(!dump_spec_matches("simplify", "cse"));
+        assert!(!dump_spec_matches("", "cse"));
+    }
 }
 
 /// What `kiln compile --report` prints.
