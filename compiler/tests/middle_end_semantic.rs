@@ -33,7 +33,7 @@ fn check_seed(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_graphs_fused_and_planned_match_the_reference() {
-    let n = env_usize("KILN_RANDOM_CASES", 4000);
+    let n = env_usize("KILN_RANDOM_CASES", 8000);
     let base = env_usize("KILN_SEED_BASE", 0) as u64;
     let mut failures = Vec::new();
     for seed in base..base + n as u64 {
@@ -62,7 +62,7 @@ fn random_graphs_fused_and_planned_match_the_reference() {
 }
 
 #[test]
-fn random_graph_coverage_stats() {
+fn random_graphs_cover_every_kernel_kind() {
     use std::collections::BTreeMap;
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     let (mut nodes, mut kernels, mut inplace) = (0, 0, 0);
@@ -77,4 +77,11 @@ fn random_graph_coverage_stats() {
         }
     }
     println!("nodes {nodes} kernels {kernels} inplace {inplace} {kinds:?}");
+    // The generator must keep exercising every kernel kind and the in-place path.
+    for kind in ["attention", "concat", "copy", "elementwise", "gather", "gemm", "layer_norm", "reduce", "rms_norm", "softmax"] {
+        let n = kinds.get(kind).copied().unwrap_or(0);
+        assert!(n >= 50, "only {n} `{kind}` kernels in 1500 random graphs");
+    }
+    assert!(inplace >= 100, "only {inplace} in-place reuses");
+    assert!(nodes > 20 * 1500 && kernels < nodes / 3, "graphs too small or fusion too weak");
 }
