@@ -70,6 +70,9 @@ pub enum PlanPayload {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactBody {
+    /// The graph the plans were compiled from (no weights: ops, shapes, the weight table), so a
+    /// runtime without the compiler can check a checkpoint against it and build batches.
+    pub graph: Graph,
     pub plans: Vec<PlanPayload>,
 }
 
@@ -110,7 +113,7 @@ impl Artifact {
                 fingerprint: fingerprint(graph),
                 buckets,
             },
-            body: ArtifactBody { plans },
+            body: ArtifactBody { graph: graph.clone(), plans },
         }
     }
 
@@ -175,6 +178,9 @@ impl Artifact {
         }
         if body.plans.len() != header.buckets.len() {
             return reject("header and body disagree on the number of buckets");
+        }
+        if fingerprint(&body.graph) != header.fingerprint {
+            return reject("the graph inside does not match the header's fingerprint");
         }
         let a = Artifact { header, body };
         a.check_target()?;
