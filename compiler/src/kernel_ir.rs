@@ -10,7 +10,11 @@
 //!   `strides`: element `(i0, .., in)` lives at element `offset + Σ i_d·strides[d]` of the
 //!   buffer. A stride of 0 is a broadcast. Views are how reshapes (free), transposes (permuted
 //!   strides), slices (offset) and numpy broadcasting reach kernels without copies.
-//!   [`TensorRef::is_contiguous`] tells the dense row-major fast path.
+//!   [`TensorRef::is_contiguous`] tells the dense row-major fast path. Outputs are views
+//!   too: an Elementwise, Gemm or Attention kernel whose value only fed a transpose writes the
+//!   transposed layout directly (permuted strides), and a Softmax over a non-last graph axis
+//!   has its input and output views permuted so that the softmax axis is last. Every other
+//!   output view is contiguous.
 //! - **Scalar arithmetic.** Expressions ([`Expr`]) compute in f32. A load converts its element
 //!   to f32 (integers with `as f32`, exact below 2^24); a store converts f32 to the output's dtype
 //!   like Rust's `as` (integers: truncation toward zero, saturating). A kernel whose whole
