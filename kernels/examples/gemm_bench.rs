@@ -65,10 +65,14 @@ fn fma_peak(threads: usize) -> f64 {
 }
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         })
         .collect()
@@ -101,7 +105,12 @@ fn main() {
     let peak2 = fma_peak(2);
     println!("FMA peak (register-only vfmadd231ps ymm, 12 chains): 1 thread {peak1:.1} GFLOP/s, 2 threads {peak2:.1} GFLOP/s");
 
-    let shapes: &[(usize, usize, usize)] = &[(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 384, 1536)];
+    let shapes: &[(usize, usize, usize)] = &[
+        (128, 384, 384),
+        (128, 384, 1536),
+        (128, 1536, 384),
+        (1024, 384, 1536),
+    ];
     let pool2 = ThreadPool::new(2);
     println!(
         "{:>22} {:>9} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}",
@@ -117,12 +126,34 @@ fn main() {
         let flops = 2.0 * (m * n * k) as f64;
         for (label, epi) in [
             ("plain", EpilogueRef::default()),
-            ("bias+gelu", EpilogueRef { bias: Some(&bias), activation: Activation::GeluErf, ..Default::default() }),
+            (
+                "bias+gelu",
+                EpilogueRef {
+                    bias: Some(&bias),
+                    activation: Activation::GeluErf,
+                    ..Default::default()
+                },
+            ),
         ] {
             let mut run = |pool: Option<&ThreadPool>, split: Split| {
                 time_it(min_time, || {
-                    gemm_split(m, k, n, &a, k, pb.as_slice(), &mut c, n, false, &epi, &mut scratch, pool, isa, split)
-                        .expect("gemm");
+                    gemm_split(
+                        m,
+                        k,
+                        n,
+                        &a,
+                        k,
+                        pb.as_slice(),
+                        &mut c,
+                        n,
+                        false,
+                        &epi,
+                        &mut scratch,
+                        pool,
+                        isa,
+                        split,
+                    )
+                    .expect("gemm");
                     black_box(&c);
                 })
             };

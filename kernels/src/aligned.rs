@@ -15,7 +15,10 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// A buffer of `len` zeros.
     pub fn zeroed(len: usize) -> Self {
-        AlignedBuf { lines: vec![Line([0.0; 16]); len.div_ceil(16)], len }
+        AlignedBuf {
+            lines: vec![Line([0.0; 16]); len.div_ceil(16)],
+            len,
+        }
     }
 
     /// Number of f32 elements.
@@ -44,6 +47,8 @@ impl AlignedBuf {
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
     }
 }

@@ -12,7 +12,9 @@
 //! A fully masked row (all scores -inf) gives an all-zero output row.
 
 use crate::error::check_len;
-use crate::gemm::{align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, NR};
+use crate::gemm::{
+    align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, NR,
+};
 use crate::math::{exp_shift_sum_raw, scale_raw, Activation};
 use crate::threadpool::ThreadPool;
 use crate::{Isa, KernelError};
@@ -78,7 +80,12 @@ pub(crate) struct HeadDesc {
 /// not null): seq_k floats per row, seq_q rows at strides.mask (or one row when 0); `scratch`
 /// writable for `attention_scratch_len(dims)` floats, disjoint from everything else.
 pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &Arch, isa: Isa) {
-    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = h.dims;
+    let AttnDims {
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        head_dim_v: dv,
+    } = h.dims;
     if sq == 0 || dv == 0 {
         return;
     }
@@ -106,7 +113,10 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                 r0 += rb;
                 continue;
             }
-            let mut epi = Epilogue { scale: h.scale, ..Epilogue::NONE };
+            let mut epi = Epilogue {
+                scale: h.scale,
+                ..Epilogue::NONE
+            };
             if !h.mask.is_null() {
                 if h.strides.mask == 0 {
                     epi.bias = h.mask;
@@ -177,18 +187,31 @@ pub fn attention_f32(
     scratch: &mut [f32],
     isa: Isa,
 ) -> Result<(), KernelError> {
-    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = dims;
+    let AttnDims {
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        head_dim_v: dv,
+    } = dims;
     check_len("q", q.len(), view("q", sq, d, strides.q)?)?;
     check_len("k", k.len(), view("k", sk, d, strides.k)?)?;
     check_len("v", v.len(), view("v", sk, dv, strides.v)?)?;
     check_len("out", out.len(), view("out", sq, dv, strides.out)?)?;
     if let Some(m) = mask {
         let rows = if strides.mask == 0 { 1 } else { sq };
-        check_len("mask", m.len(), view("mask", rows, sk, strides.mask.max(sk))?)?;
+        check_len(
+            "mask",
+            m.len(),
+            view("mask", rows, sk, strides.mask.max(sk))?,
+        )?;
     }
     let need = attention_scratch_len(dims);
-    check_len("attention scratch", scratch.len(), need)
-        .map_err(|_| KernelError::ScratchTooSmall { needed: need, got: scratch.len() })?;
+    check_len("attention scratch", scratch.len(), need).map_err(|_| {
+        KernelError::ScratchTooSmall {
+            needed: need,
+            got: scratch.len(),
+        }
+    })?;
     let h = HeadDesc {
         dims,
         q: q.as_ptr(),
@@ -261,7 +284,12 @@ unsafe impl Send for AttentionArgs {}
 
 impl AttentionArgs {
     pub fn dims(&self) -> AttnDims {
-        AttnDims { seq_q: self.seq_q, seq_k: self.seq_k, head_dim: self.head_dim, head_dim_v: self.head_dim_v }
+        AttnDims {
+            seq_q: self.seq_q,
+            seq_k: self.seq_k,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+        }
     }
 }
 
@@ -275,17 +303,31 @@ pub fn attention_batched_scratch_len(dims: AttnDims, threads: usize) -> usize {
 /// # Safety
 /// Every head's operands valid as in [`attention_head_raw`]; output heads pairwise disjoint and
 /// disjoint from the inputs; scratch writable for `scratch_len` floats and disjoint from the rest.
-pub(crate) unsafe fn attention_batched_raw(g: &AttentionArgs, pool: Option<&ThreadPool>, isa: Isa) -> Result<(), KernelError> {
+pub(crate) unsafe fn attention_batched_raw(
+    g: &AttentionArgs,
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
     let items = g.batch * g.heads;
     if items == 0 || g.seq_q == 0 || g.head_dim_v == 0 {
         return Ok(());
     }
     let per = attention_scratch_len(g.dims());
     if g.scratch.is_null() || g.scratch_len < per {
-        return Err(KernelError::ScratchTooSmall { needed: per, got: if g.scratch.is_null() { 0 } else { g.scratch_len } });
+        return Err(KernelError::ScratchTooSmall {
+            needed: per,
+            got: if g.scratch.is_null() {
+                0
+            } else {
+                g.scratch_len
+            },
+        });
     }
     let arch = Arch::for_isa(isa);
-    let workers = pool.map_or(1, |p| p.threads()).min(g.scratch_len / per).max(1);
+    let workers = pool
+        .map_or(1, |p| p.threads())
+        .min(g.scratch_len / per)
+        .max(1);
     let sp = g.scratch as usize;
     let g = *g;
     let body = move |item: usize, w: usize| {
@@ -293,15 +335,21 @@ pub(crate) unsafe fn attention_batched_raw(g: &AttentionArgs, pool: Option<&Thre
         let (b, hd) = (item / g.heads, item % g.heads);
         let h = HeadDesc {
             dims: g.dims(),
-            q: g.q.wrapping_add(b * g.q_batch_stride + hd * g.q_head_stride),
-            k: g.k.wrapping_add(b * g.k_batch_stride + hd * g.k_head_stride),
-            v: g.v.wrapping_add(b * g.v_batch_stride + hd * g.v_head_stride),
+            q: g.q
+                .wrapping_add(b * g.q_batch_stride + hd * g.q_head_stride),
+            k: g.k
+                .wrapping_add(b * g.k_batch_stride + hd * g.k_head_stride),
+            v: g.v
+                .wrapping_add(b * g.v_batch_stride + hd * g.v_head_stride),
             mask: if g.mask.is_null() {
                 std::ptr::null()
             } else {
-                g.mask.wrapping_add(b * g.mask_batch_stride + hd * g.mask_head_stride)
+                g.mask
+                    .wrapping_add(b * g.mask_batch_stride + hd * g.mask_head_stride)
             },
-            out: g.out.wrapping_add(b * g.out_batch_stride + hd * g.out_head_stride),
+            out: g
+                .out
+                .wrapping_add(b * g.out_batch_stride + hd * g.out_head_stride),
             strides: AttnStrides {
                 q: g.q_row_stride,
                 k: g.k_row_stride,
@@ -353,7 +401,17 @@ pub struct HeadsMut<'a> {
     pub row_stride: usize,
 }
 
-fn heads_extent(what: &'static str, batch: usize, heads: usize, rows: usize, cols: usize, bs: usize, hs: usize, rs: usize) -> Result<usize, KernelError> {
+#[allow(clippy::too_many_arguments)]
+fn heads_extent(
+    what: &'static str,
+    batch: usize,
+    heads: usize,
+    rows: usize,
+    cols: usize,
+    bs: usize,
+    hs: usize,
+    rs: usize,
+) -> Result<usize, KernelError> {
     if batch == 0 || heads == 0 || rows == 0 || cols == 0 {
         return Ok(0);
     }
@@ -362,7 +420,9 @@ fn heads_extent(what: &'static str, batch: usize, heads: usize, rows: usize, col
         .checked_mul(bs)
         .and_then(|x| (heads - 1).checked_mul(hs).and_then(|y| x.checked_add(y)))
         .and_then(|x| x.checked_add(one))
-        .ok_or(KernelError::Invalid("attention operand extent overflows usize"))
+        .ok_or(KernelError::Invalid(
+            "attention operand extent overflows usize",
+        ))
 }
 
 /// Multi-head attention over `batch × heads` heads, spread over `pool`. `mask` (additive) is
@@ -384,20 +444,72 @@ pub fn attention_batched(
     pool: Option<&ThreadPool>,
     isa: Isa,
 ) -> Result<(), KernelError> {
-    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = dims;
-    let ext = |w, x: &HeadsRef<'_>, rows, cols| heads_extent(w, batch, heads, rows, cols, x.batch_stride, x.head_stride, x.row_stride);
+    let AttnDims {
+        seq_q: sq,
+        seq_k: sk,
+        head_dim: d,
+        head_dim_v: dv,
+    } = dims;
+    let ext = |w, x: &HeadsRef<'_>, rows, cols| {
+        heads_extent(
+            w,
+            batch,
+            heads,
+            rows,
+            cols,
+            x.batch_stride,
+            x.head_stride,
+            x.row_stride,
+        )
+    };
     check_len("q", q.data.len(), ext("q", &q, sq, d)?)?;
     check_len("k", k.data.len(), ext("k", &k, sk, d)?)?;
     check_len("v", v.data.len(), ext("v", &v, sk, dv)?)?;
-    check_len("out", out.data.len(), heads_extent("out", batch, heads, sq, dv, out.batch_stride, out.head_stride, out.row_stride)?)?;
+    check_len(
+        "out",
+        out.data.len(),
+        heads_extent(
+            "out",
+            batch,
+            heads,
+            sq,
+            dv,
+            out.batch_stride,
+            out.head_stride,
+            out.row_stride,
+        )?,
+    )?;
     if let Some(m) = &mask {
         let rows = if m.row_stride == 0 { 1 } else { sq };
-        check_len("mask", m.data.len(), heads_extent("mask", batch, heads, rows, sk, m.batch_stride, m.head_stride, m.row_stride.max(sk))?)?;
+        check_len(
+            "mask",
+            m.data.len(),
+            heads_extent(
+                "mask",
+                batch,
+                heads,
+                rows,
+                sk,
+                m.batch_stride,
+                m.head_stride,
+                m.row_stride.max(sk),
+            )?,
+        )?;
     }
-    if !crate::gemm::injective(&mut [(batch, out.batch_stride), (heads, out.head_stride), (sq, out.row_stride), (dv, 1)]) {
+    if !crate::gemm::injective(&mut [
+        (batch, out.batch_stride),
+        (heads, out.head_stride),
+        (sq, out.row_stride),
+        (dv, 1),
+    ]) {
         return Err(KernelError::Invalid("attention: output heads overlap"));
     }
-    let m = mask.unwrap_or(HeadsRef { data: &[], batch_stride: 0, head_stride: 0, row_stride: 0 });
+    let m = mask.unwrap_or(HeadsRef {
+        data: &[],
+        batch_stride: 0,
+        head_stride: 0,
+        row_stride: 0,
+    });
     let args = AttentionArgs {
         batch,
         heads,
@@ -421,7 +533,11 @@ pub fn attention_batched(
         out_batch_stride: out.batch_stride,
         out_head_stride: out.head_stride,
         out_row_stride: out.row_stride,
-        mask: if mask.is_some() { m.data.as_ptr() } else { std::ptr::null() },
+        mask: if mask.is_some() {
+            m.data.as_ptr()
+        } else {
+            std::ptr::null()
+        },
         mask_batch_stride: m.batch_stride,
         mask_head_stride: m.head_stride,
         mask_row_stride: m.row_stride,

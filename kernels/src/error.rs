@@ -6,9 +6,17 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelError {
     /// A slice is shorter than the shape and strides require.
-    BufferTooSmall { what: &'static str, needed: usize, got: usize },
+    BufferTooSmall {
+        what: &'static str,
+        needed: usize,
+        got: usize,
+    },
     /// A stride is smaller than the row it must skip over.
-    BadStride { what: &'static str, stride: usize, min: usize },
+    BadStride {
+        what: &'static str,
+        stride: usize,
+        min: usize,
+    },
     /// The scratch buffer cannot hold even a single-thread working set.
     ScratchTooSmall { needed: usize, got: usize },
     /// An activation code that [`crate::math::Activation`] does not know.
@@ -34,10 +42,16 @@ impl fmt::Display for KernelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelError::BufferTooSmall { what, needed, got } => {
-                write!(f, "{what}: buffer holds {got} elements, the shape needs {needed}")
+                write!(
+                    f,
+                    "{what}: buffer holds {got} elements, the shape needs {needed}"
+                )
             }
             KernelError::BadStride { what, stride, min } => {
-                write!(f, "{what}: stride {stride} is smaller than the row length {min}")
+                write!(
+                    f,
+                    "{what}: stride {stride} is smaller than the row length {min}"
+                )
             }
             KernelError::ScratchTooSmall { needed, got } => {
                 write!(f, "scratch holds {got} f32, at least {needed} are needed")
@@ -52,12 +66,21 @@ impl std::error::Error for KernelError {}
 
 /// Elements a row-major matrix view of `rows` rows of `cols` used elements with row stride `ld`
 /// spans, or an error if `ld < cols`. Zero-sized views span nothing.
-pub(crate) fn span(what: &'static str, rows: usize, cols: usize, ld: usize) -> Result<usize, KernelError> {
+pub(crate) fn span(
+    what: &'static str,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Result<usize, KernelError> {
     if rows == 0 || cols == 0 {
         return Ok(0);
     }
     if ld < cols && rows > 1 {
-        return Err(KernelError::BadStride { what, stride: ld, min: cols });
+        return Err(KernelError::BadStride {
+            what,
+            stride: ld,
+            min: cols,
+        });
     }
     (rows - 1)
         .checked_mul(ld)
@@ -68,7 +91,11 @@ pub(crate) fn span(what: &'static str, rows: usize, cols: usize, ld: usize) -> R
 /// Checks that `len >= needed`.
 pub(crate) fn check_len(what: &'static str, len: usize, needed: usize) -> Result<(), KernelError> {
     if len < needed {
-        Err(KernelError::BufferTooSmall { what, needed, got: len })
+        Err(KernelError::BufferTooSmall {
+            what,
+            needed,
+            got: len,
+        })
     } else {
         Ok(())
     }

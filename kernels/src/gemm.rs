@@ -63,11 +63,18 @@ pub struct Epilogue {
 
 impl Epilogue {
     /// No epilogue: scale 1, no bias, no activation, no residual.
-    pub const NONE: Epilogue =
-        Epilogue { bias: std::ptr::null(), residual: std::ptr::null(), residual_stride: 0, activation: 0, scale: 1.0 };
+    pub const NONE: Epilogue = Epilogue {
+        bias: std::ptr::null(),
+        residual: std::ptr::null(),
+        residual_stride: 0,
+        activation: 0,
+        scale: 1.0,
+    };
 
     fn has_post(&self) -> bool {
-        !self.bias.is_null() || !self.residual.is_null() || self.activation != Activation::None as u32
+        !self.bias.is_null()
+            || !self.residual.is_null()
+            || self.activation != Activation::None as u32
     }
 }
 
@@ -91,14 +98,23 @@ pub struct EpilogueRef<'a> {
 
 impl Default for EpilogueRef<'_> {
     fn default() -> Self {
-        EpilogueRef { bias: None, residual: None, activation: Activation::None, scale: 1.0 }
+        EpilogueRef {
+            bias: None,
+            residual: None,
+            activation: Activation::None,
+            scale: 1.0,
+        }
     }
 }
 
 impl<'a> EpilogueRef<'a> {
     /// Checks the slices against an m×n output and gives the raw form.
     fn to_raw(self, m: usize, n: usize) -> Result<Epilogue, KernelError> {
-        let mut e = Epilogue { activation: self.activation as u32, scale: self.scale, ..Epilogue::NONE };
+        let mut e = Epilogue {
+            activation: self.activation as u32,
+            scale: self.scale,
+            ..Epilogue::NONE
+        };
         if let Some(b) = self.bias {
             check_len("bias", b.len(), n)?;
             e.bias = b.as_ptr();
@@ -146,7 +162,13 @@ impl PackedB {
 /// Packs B once. `transposed == false`: `b` is `[k, n]` row-major, element (p, j) at `b[p·ldb + j]`.
 /// `transposed == true`: `b` is `[n, k]` row-major (a PyTorch Linear weight `[out, in]`), element
 /// (p, j) at `b[j·ldb + p]`.
-pub fn pack_b(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool) -> Result<PackedB, KernelError> {
+pub fn pack_b(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    ldb: usize,
+    transposed: bool,
+) -> Result<PackedB, KernelError> {
     let mut buf = AlignedBuf::zeroed(packed_b_len(k, n));
     pack_b_into(b, k, n, ldb, transposed, buf.as_mut_slice())?;
     Ok(PackedB { buf, k, n })
@@ -154,8 +176,19 @@ pub fn pack_b(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool) -> Re
 
 /// [`pack_b`] into a caller buffer of at least [`packed_b_len`]`(k, n)` floats (for example a
 /// plan's weight arena). Use with [`gemm_prepacked`]. 64-byte alignment of `dst` is recommended.
-pub fn pack_b_into(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool, dst: &mut [f32]) -> Result<(), KernelError> {
-    let need = if transposed { span("b", n, k, ldb)? } else { span("b", k, n, ldb)? };
+pub fn pack_b_into(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    ldb: usize,
+    transposed: bool,
+    dst: &mut [f32],
+) -> Result<(), KernelError> {
+    let need = if transposed {
+        span("b", n, k, ldb)?
+    } else {
+        span("b", k, n, ldb)?
+    };
     check_len("b", b.len(), need)?;
     check_len("packed b", dst.len(), packed_b_len(k, n))?;
     // SAFETY: lengths checked above against the extents pack_b_raw touches.
@@ -168,7 +201,14 @@ pub fn pack_b_into(b: &[f32], k: usize, n: usize, ldb: usize, transposed: bool, 
 /// # Safety
 /// `src` readable over the extent of the chosen layout; `dst` writable for `packed_b_len(k, n)`
 /// floats; no overlap.
-pub(crate) unsafe fn pack_b_raw(src: *const f32, k: usize, n: usize, ldb: usize, transposed: bool, dst: *mut f32) {
+pub(crate) unsafe fn pack_b_raw(
+    src: *const f32,
+    k: usize,
+    n: usize,
+    ldb: usize,
+    transposed: bool,
+    dst: *mut f32,
+) {
     for pan in 0..n.div_ceil(NR) {
         let j0 = pan * NR;
         let w = NR.min(n - j0);
@@ -252,8 +292,16 @@ impl Arch {
     pub(crate) fn for_isa(isa: Isa) -> Arch {
         match effective_isa(isa) {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => Arch { kernel: avx2::kernel, pack_a: avx2::pack_a, epilogue: avx2::epilogue },
-            _ => Arch { kernel: scalar::kernel, pack_a: scalar::pack_a, epilogue: scalar::epilogue },
+            Isa::Avx2Fma => Arch {
+                kernel: avx2::kernel,
+                pack_a: avx2::pack_a,
+                epilogue: avx2::epilogue,
+            },
+            _ => Arch {
+                kernel: scalar::kernel,
+                pack_a: scalar::pack_a,
+                epilogue: scalar::epilogue,
+            },
         }
     }
 }
@@ -263,6 +311,7 @@ mod scalar {
 
     /// # Safety
     /// `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr rows of nr floats at stride ldc.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         kc: usize,
         a: *const f32,
@@ -277,7 +326,12 @@ mod scalar {
         let mut acc = [[0.0f32; NR]; MR];
         for p in 0..kc {
             // SAFETY: p < kc, inside the packed strip and panel.
-            let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * MR), MR), std::slice::from_raw_parts(b.add(p * NR), NR)) };
+            let (ap, bp) = unsafe {
+                (
+                    std::slice::from_raw_parts(a.add(p * MR), MR),
+                    std::slice::from_raw_parts(b.add(p * NR), NR),
+                )
+            };
             for i in 0..MR {
                 for j in 0..NR {
                     acc[i][j] += ap[i] * bp[j];
@@ -305,7 +359,11 @@ mod scalar {
                 for i in 0..MR {
                     // SAFETY: row s + i < mc, column p < kc; d stays within the strips.
                     unsafe {
-                        *d.add(i) = if i < mr { *a.add((s + i) * lda + p) } else { 0.0 };
+                        *d.add(i) = if i < mr {
+                            *a.add((s + i) * lda + p)
+                        } else {
+                            0.0
+                        };
                     }
                 }
                 d = d.wrapping_add(MR);
@@ -315,6 +373,7 @@ mod scalar {
 
     /// # Safety
     /// `c` is the tile (rows×cols at stride ldc); bias/residual (if set) cover columns col0+cols and rows row0+rows.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn epilogue(
         c: *mut f32,
         ldc: usize,
@@ -360,6 +419,7 @@ mod avx2 {
     /// AVX2+FMA present; `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr ≤ MR rows
     /// of nr ≤ NR floats at stride ldc.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         kc: usize,
         a: *const f32,
@@ -398,7 +458,11 @@ mod avx2 {
                     // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR.
                     unsafe {
                         let p = c.add(i * ldc + v * 8);
-                        let r = if beta { _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p)) } else { _mm256_mul_ps(x, alpha_v) };
+                        let r = if beta {
+                            _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
+                        } else {
+                            _mm256_mul_ps(x, alpha_v)
+                        };
                         _mm256_storeu_ps(p, r);
                     }
                 }
@@ -485,7 +549,13 @@ mod avx2 {
                 for p in 0..kc {
                     for i in 0..MR {
                         // SAFETY: row s+i < mc when read; d within the strip.
-                        unsafe { *d.add(i) = if i < mr { *a.add((s + i) * lda + p) } else { 0.0 } };
+                        unsafe {
+                            *d.add(i) = if i < mr {
+                                *a.add((s + i) * lda + p)
+                            } else {
+                                0.0
+                            }
+                        };
                     }
                     d = d.wrapping_add(MR);
                 }
@@ -500,6 +570,7 @@ mod avx2 {
     /// AVX2+FMA present; `c` is the tile (rows×cols at stride ldc); bias/residual (when set) cover
     /// columns col0..col0+cols and rows row0..row0+rows.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn epilogue(
         c: *mut f32,
         ldc: usize,
@@ -566,7 +637,15 @@ unsafe impl Send for GemmDesc {}
 /// `d` describes valid operands (A: m rows × k at lda; B: packed k×n; C: m rows × n at ldc;
 /// epilogue extents); `apack` writable for `apack_len(r1 - r0, k)` floats minus the alignment slack
 /// and 64-byte aligned; no other thread writes the same C range.
-pub(crate) unsafe fn gemm_block(d: &GemmDesc, r0: usize, r1: usize, p0: usize, p1: usize, apack: *mut f32, arch: &Arch) {
+pub(crate) unsafe fn gemm_block(
+    d: &GemmDesc,
+    r0: usize,
+    r1: usize,
+    p0: usize,
+    p1: usize,
+    apack: *mut f32,
+    arch: &Arch,
+) {
     let post = d.epi.has_post();
     if d.k == 0 {
         for p in p0..p1 {
@@ -580,7 +659,18 @@ pub(crate) unsafe fn gemm_block(d: &GemmDesc, r0: usize, r1: usize, p0: usize, p
             }
             if post {
                 // SAFETY: the tile rows r0..r1 × columns col0..col0+nr is inside C.
-                unsafe { (arch.epilogue)(d.c.add(r0 * d.ldc + col0), d.ldc, r1 - r0, nr, r0, col0, &d.epi, d.act) };
+                unsafe {
+                    (arch.epilogue)(
+                        d.c.add(r0 * d.ldc + col0),
+                        d.ldc,
+                        r1 - r0,
+                        nr,
+                        r0,
+                        col0,
+                        &d.epi,
+                        d.act,
+                    )
+                };
             }
         }
         return;
@@ -653,9 +743,12 @@ pub(crate) unsafe fn gemm_raw(
     let arch = Arch::for_isa(isa);
     let per = apack_len(d.m, d.k);
     if scratch_len < per {
-        return Err(KernelError::ScratchTooSmall { needed: per, got: scratch_len });
+        return Err(KernelError::ScratchTooSmall {
+            needed: per,
+            got: scratch_len,
+        });
     }
-    let fit = if per == 0 { usize::MAX } else { scratch_len / per };
+    let fit = scratch_len.checked_div(per).unwrap_or(usize::MAX);
     let mut threads = pool.map_or(1, |p| p.threads()).min(fit);
     if d.m * d.n * d.k.max(1) < PAR_MIN_MACS {
         threads = 1;
@@ -673,8 +766,11 @@ pub(crate) unsafe fn gemm_raw(
     let body = |t: usize| {
         let u0 = t * units / tasks;
         let u1 = (t + 1) * units / tasks;
-        let (r0, r1, p0, p1) =
-            if by_rows { ((u0 * MR).min(d.m), (u1 * MR).min(d.m), 0, n_panels) } else { (0, d.m, u0, u1) };
+        let (r0, r1, p0, p1) = if by_rows {
+            ((u0 * MR).min(d.m), (u1 * MR).min(d.m), 0, n_panels)
+        } else {
+            (0, d.m, u0, u1)
+        };
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         // SAFETY: task t owns scratch region t (t < tasks <= fit) and a disjoint range of rows or
         // panels of C; the operands are valid per this function's contract.
@@ -738,7 +834,21 @@ pub fn gemm(
     scratch: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
-    gemm_prepacked(m, b.k, b.n, a, lda, b.as_slice(), c, ldc, accumulate, epi, scratch, pool, crate::detect_isa())
+    gemm_prepacked(
+        m,
+        b.k,
+        b.n,
+        a,
+        lda,
+        b.as_slice(),
+        c,
+        ldc,
+        accumulate,
+        epi,
+        scratch,
+        pool,
+        crate::detect_isa(),
+    )
 }
 
 /// [`gemm`] with B given as a packed slice (from [`pack_b_into`]) and a chosen ISA
@@ -759,7 +869,22 @@ pub fn gemm_prepacked(
     pool: Option<&ThreadPool>,
     isa: Isa,
 ) -> Result<(), KernelError> {
-    gemm_split(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi, scratch, pool, isa, Split::Auto)
+    gemm_split(
+        m,
+        k,
+        n,
+        a,
+        lda,
+        b_packed,
+        c,
+        ldc,
+        accumulate,
+        epi,
+        scratch,
+        pool,
+        isa,
+        Split::Auto,
+    )
 }
 
 /// [`gemm_prepacked`] with a forced work split (benchmarks and tests).
@@ -844,16 +969,30 @@ pub fn batched_scratch_len(m: usize, n: usize, k: usize, threads: usize) -> usiz
 /// # Safety
 /// Every item's A, B and C extents are valid (see [`BatchedGemmArgs`]); the C blocks of different
 /// items are pairwise disjoint; `scratch` writable for `scratch_len` floats, disjoint from operands.
-pub(crate) unsafe fn gemm_batched_raw(g: &BatchedGemmArgs, pool: Option<&ThreadPool>, isa: Isa) -> Result<(), KernelError> {
+pub(crate) unsafe fn gemm_batched_raw(
+    g: &BatchedGemmArgs,
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
     if g.batch == 0 || g.m == 0 || g.n == 0 {
         return Ok(());
     }
     let per = batched_scratch_len_per_thread(g.m, g.n, g.k);
     if g.scratch_len < per || g.scratch.is_null() {
-        return Err(KernelError::ScratchTooSmall { needed: per, got: if g.scratch.is_null() { 0 } else { g.scratch_len } });
+        return Err(KernelError::ScratchTooSmall {
+            needed: per,
+            got: if g.scratch.is_null() {
+                0
+            } else {
+                g.scratch_len
+            },
+        });
     }
     let arch = Arch::for_isa(isa);
-    let workers = pool.map_or(1, |p| p.threads()).min(g.scratch_len / per).max(1);
+    let workers = pool
+        .map_or(1, |p| p.threads())
+        .min(g.scratch_len / per)
+        .max(1);
     let serial = workers == 1 || g.m * g.n * g.k.max(1) * g.batch < PAR_MIN_MACS;
     let sp = g.scratch as usize;
     let g = *g;
@@ -873,13 +1012,23 @@ pub(crate) unsafe fn gemm_batched_raw(g: &BatchedGemmArgs, pool: Option<&ThreadP
             c: g.c.wrapping_add(i * g.stride_c),
             ldc: g.ldc,
             accumulate: g.accumulate != 0,
-            epi: Epilogue { scale: g.alpha, ..Epilogue::NONE },
+            epi: Epilogue {
+                scale: g.alpha,
+                ..Epilogue::NONE
+            },
             act: Activation::None,
         };
         // SAFETY: worker w owns scratch region w (w < workers <= scratch_len / per); item i's
         // operands are valid and its C block is disjoint from other items' (caller contract).
         unsafe {
-            pack_b_raw(g.b.wrapping_add(i * g.stride_b), g.k, g.n, g.ldb, g.b_transposed != 0, bpack);
+            pack_b_raw(
+                g.b.wrapping_add(i * g.stride_b),
+                g.k,
+                g.n,
+                g.ldb,
+                g.b_transposed != 0,
+                bpack,
+            );
             gemm_block(&d, 0, g.m, 0, g.n.div_ceil(NR), apack, &arch);
         }
     };
@@ -969,14 +1118,35 @@ pub fn gemm_batched(
         if one == 0 {
             return Ok(0);
         }
-        (batch - 1).checked_mul(stride).and_then(|x| x.checked_add(one)).ok_or(KernelError::Invalid(what))
+        (batch - 1)
+            .checked_mul(stride)
+            .and_then(|x| x.checked_add(one))
+            .ok_or(KernelError::Invalid(what))
     };
-    check_len("a", a.data.len(), last("a extent overflows", a.batch_stride, span("a", m, k, a.ld)?)?)?;
-    let b_one = if b_transposed { span("b", n, k, b.ld)? } else { span("b", k, n, b.ld)? };
-    check_len("b", b.data.len(), last("b extent overflows", b.batch_stride, b_one)?)?;
-    check_len("c", c.data.len(), last("c extent overflows", c.batch_stride, span("c", m, n, c.ld)?)?)?;
+    check_len(
+        "a",
+        a.data.len(),
+        last("a extent overflows", a.batch_stride, span("a", m, k, a.ld)?)?,
+    )?;
+    let b_one = if b_transposed {
+        span("b", n, k, b.ld)?
+    } else {
+        span("b", k, n, b.ld)?
+    };
+    check_len(
+        "b",
+        b.data.len(),
+        last("b extent overflows", b.batch_stride, b_one)?,
+    )?;
+    check_len(
+        "c",
+        c.data.len(),
+        last("c extent overflows", c.batch_stride, span("c", m, n, c.ld)?)?,
+    )?;
     if !injective(&mut [(batch, c.batch_stride), (m, c.ld), (n, 1)]) {
-        return Err(KernelError::Invalid("batched gemm: C blocks of different items overlap"));
+        return Err(KernelError::Invalid(
+            "batched gemm: C blocks of different items overlap",
+        ));
     }
     let args = BatchedGemmArgs {
         batch,

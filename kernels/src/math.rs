@@ -111,13 +111,26 @@ const EXP_MAX: f32 = 88.722_83;
 /// Below this exp is below half the smallest subnormal.
 const EXP_MIN: f32 = -104.0;
 /// exp(r) ≈ 1 + r + r²·(E0 + E1 r + E2 r² + E3 r³ + E4 r⁴) on |r| ≤ ln2/2.
-const EXP_P: [f32; 5] = [0.499_999_94, 0.166_665_21, 0.041_668_39, 0.008_368_71, 0.001_381_460_8];
+const EXP_P: [f32; 5] = [
+    0.499_999_94,
+    0.166_665_21,
+    0.041_668_39,
+    0.008_368_71,
+    0.001_381_460_8,
+];
 
 const ERF_CLAMP: f32 = 4.0;
 /// Below this |x|, erf(x) = x + x·Q(x²); above, erf(|x|) = 1 - erfc(|x|).
 const ERF_SPLIT: f32 = 0.9;
 /// Q: erf(x) = x + x·Σ ERF_SMALL[i]·x^(2i) on |x| < 0.9 (relative error 1.4e-8 with these f32 values).
-const ERF_SMALL: [f32; 6] = [1.2837915e-01, -3.761251e-01, 1.12820275e-01, -2.6775425e-02, 5.0074505e-03, -6.069479e-04];
+const ERF_SMALL: [f32; 6] = [
+    1.2837915e-01,
+    -3.761251e-01,
+    1.12820275e-01,
+    -2.6775425e-02,
+    5.0074505e-03,
+    -6.069479e-04,
+];
 /// erfc(a) = exp(-a²)·Σ ERFC_T[i]·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
 /// 8.7e-9 with these f32 values).
 const ERFC_T: [f32; 9] = [
@@ -138,7 +151,14 @@ const TANH_CLAMP: f32 = 9.0;
 /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
 const TANH_SPLIT: f32 = 0.8;
 /// S on |x| < 0.8 (relative error 3.7e-9 with these f32 values).
-const TANH_SMALL: [f32; 6] = [-3.33333e-01, 1.3332242e-01, -5.3853594e-02, 2.1306504e-02, -7.4141263e-03, 1.5870107e-03];
+const TANH_SMALL: [f32; 6] = [
+    -3.33333e-01,
+    1.3332242e-01,
+    -5.3853594e-02,
+    2.1306504e-02,
+    -7.4141263e-03,
+    1.5870107e-03,
+];
 
 const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// √(2/π)
@@ -251,7 +271,11 @@ pub fn gelu_erf(x: f32) -> f32 {
         // exp(-x²/2) from the exact x²/2 = hi + lo: rounding u = x/√2 or u² would cost
         // relative accuracy ~ x²·2⁻²⁴ in the tail.
         let h = 0.5 * (x as f64) * (x as f64);
-        let (hi, lo) = if a < ERFC_MAX { (h as f32, (h - (h as f32) as f64) as f32) } else { (t, 0.0) };
+        let (hi, lo) = if a < ERFC_MAX {
+            (h as f32, (h - (h as f32) as f64) as f32)
+        } else {
+            (t, 0.0)
+        };
         let erfc = exp(-hi) * (1.0 - lo) * horner(1.0 / (1.0 + 0.5 * a), &ERFC_T);
         if u < 0.0 {
             erfc
@@ -318,15 +342,20 @@ pub(crate) mod avx2 {
     pub fn exp8(x: __m256) -> __m256 {
         let nan = is_nan(x);
         let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_MAX));
-        let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_MAX)), _mm256_set1_ps(EXP_MIN));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            xc,
-            _mm256_set1_ps(LOG2E),
-        ));
+        let xc = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(EXP_MAX)),
+            _mm256_set1_ps(EXP_MIN),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)),
+        );
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
         let p = horner8(r, &EXP_P);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
         let ni = _mm256_cvtps_epi32(n);
         let n1 = _mm256_srai_epi32::<1>(ni);
         let n2 = _mm256_sub_epi32(ni, n1);
@@ -358,7 +387,10 @@ pub(crate) mod avx2 {
     fn erfc_big8(a: __m256, t: __m256) -> __m256 {
         let one = _mm256_set1_ps(1.0);
         let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, _mm256_set1_ps(0.5), one));
-        _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_setzero_ps(), t)), horner8(v, &ERFC_T))
+        _mm256_mul_ps(
+            exp8(_mm256_sub_ps(_mm256_setzero_ps(), t)),
+            horner8(v, &ERFC_T),
+        )
     }
 
     #[inline]
@@ -391,7 +423,13 @@ pub(crate) mod avx2 {
         }
         let one = _mm256_set1_ps(1.0);
         let e = exp8(_mm256_add_ps(a, a));
-        let yb = copysign8(_mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one))), x);
+        let yb = copysign8(
+            _mm256_sub_ps(
+                one,
+                _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+            ),
+            x,
+        );
         let y = _mm256_blendv_ps(yb, ys, small);
         _mm256_blendv_ps(y, x, is_nan(x))
     }
@@ -440,7 +478,10 @@ pub(crate) mod avx2 {
             let lo = _mm256_andnot_ps(clamped, _mm256_mul_ps(x2lo, half));
             let one = _mm256_set1_ps(1.0);
             let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, half, one));
-            let e = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_setzero_ps(), hi)), _mm256_sub_ps(one, lo));
+            let e = _mm256_mul_ps(
+                exp8(_mm256_sub_ps(_mm256_setzero_ps(), hi)),
+                _mm256_sub_ps(one, lo),
+            );
             let erfc = _mm256_mul_ps(e, horner8(v, &ERFC_T));
             let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(u, _mm256_setzero_ps());
             let fb = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), erfc), erfc, neg);
@@ -456,11 +497,17 @@ pub(crate) mod avx2 {
         let one = _mm256_set1_ps(1.0);
         let two = _mm256_set1_ps(2.0);
         let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        let u = _mm256_mul_ps(_mm256_fmadd_ps(x3, _mm256_set1_ps(GELU_TANH_C), x), _mm256_set1_ps(SQRT_2_OVER_PI));
+        let u = _mm256_mul_ps(
+            _mm256_fmadd_ps(x3, _mm256_set1_ps(GELU_TANH_C), x),
+            _mm256_set1_ps(SQRT_2_OVER_PI),
+        );
         let a = abs8(u);
         let t = _mm256_mul_ps(a, a);
         let small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(TANH_SPLIT));
-        let fs = _mm256_add_ps(one, _mm256_fmadd_ps(_mm256_mul_ps(u, t), horner8(t, &TANH_SMALL), u));
+        let fs = _mm256_add_ps(
+            one,
+            _mm256_fmadd_ps(_mm256_mul_ps(u, t), horner8(t, &TANH_SMALL), u),
+        );
         let f = if _mm256_movemask_ps(small) == 0xff {
             fs
         } else {
@@ -514,7 +561,9 @@ pub(crate) mod avx2 {
                 if i < n {
                     let m = tail_mask(n - i);
                     // SAFETY: masked lanes beyond n are neither read nor written.
-                    unsafe { _mm256_maskstore_ps(y.add(i), m, $f(_mm256_maskload_ps(x.add(i), m))) };
+                    unsafe {
+                        _mm256_maskstore_ps(y.add(i), m, $f(_mm256_maskload_ps(x.add(i), m)))
+                    };
                 }
             }
         };
@@ -543,7 +592,7 @@ pub(crate) unsafe fn map_raw(f: Unary, x: *const f32, y: *mut f32, n: usize, isa
                 Unary::Exp => avx2::map_exp(x, y, n),
                 Unary::Erf => avx2::map_erf(x, y, n),
                 Unary::Act(Activation::None) => {
-                    if x != y as *const f32 {
+                    if !std::ptr::eq(x, y) {
                         std::ptr::copy_nonoverlapping(x, y, n)
                     }
                 }
@@ -570,7 +619,12 @@ pub fn map(f: Unary, src: &[f32], dst: &mut [f32]) -> Result<(), crate::KernelEr
 }
 
 /// `dst[i] = f(src[i])` with a chosen ISA (Scalar forces the portable path; used by tests).
-pub fn map_with_isa(f: Unary, src: &[f32], dst: &mut [f32], isa: crate::Isa) -> Result<(), crate::KernelError> {
+pub fn map_with_isa(
+    f: Unary,
+    src: &[f32],
+    dst: &mut [f32],
+    isa: crate::Isa,
+) -> Result<(), crate::KernelError> {
     crate::error::check_len("map dst", dst.len(), src.len())?;
     // SAFETY: src and dst are distinct borrows (disjoint) of at least src.len() elements.
     unsafe { map_raw(f, src.as_ptr(), dst.as_mut_ptr(), src.len(), isa) };
@@ -601,7 +655,9 @@ pub(crate) unsafe fn exp_shift_sum_raw(x: *mut f32, n: usize, isa: crate::Isa) -
     let _ = isa;
     // SAFETY: n floats at x (caller contract).
     let row = unsafe { std::slice::from_raw_parts_mut(x, n) };
-    let mx = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let mx = row
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     if mx == f32::NEG_INFINITY {
         row.fill(0.0);
         return (mx, 0.0);
@@ -619,7 +675,13 @@ pub(crate) unsafe fn exp_shift_sum_raw(x: *mut f32, n: usize, isa: crate::Isa) -
 ///
 /// # Safety
 /// `x` readable and writable over the rows×cols view at stride ld.
-pub(crate) unsafe fn softmax_rows_raw(x: *mut f32, rows: usize, cols: usize, ld: usize, isa: crate::Isa) {
+pub(crate) unsafe fn softmax_rows_raw(
+    x: *mut f32,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    isa: crate::Isa,
+) {
     for r in 0..rows {
         // SAFETY: row r of the view.
         unsafe {
@@ -650,8 +712,17 @@ pub(crate) unsafe fn scale_raw(x: *mut f32, n: usize, s: f32, isa: crate::Isa) {
 }
 
 /// Row softmax in place over a rows×cols view with row stride `ld` (best ISA).
-pub fn softmax_rows(x: &mut [f32], rows: usize, cols: usize, ld: usize) -> Result<(), crate::KernelError> {
-    crate::error::check_len("softmax x", x.len(), crate::error::span("softmax x", rows, cols, ld)?)?;
+pub fn softmax_rows(
+    x: &mut [f32],
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Result<(), crate::KernelError> {
+    crate::error::check_len(
+        "softmax x",
+        x.len(),
+        crate::error::span("softmax x", rows, cols, ld)?,
+    )?;
     // SAFETY: extent checked above.
     unsafe { softmax_rows_raw(x.as_mut_ptr(), rows, cols, ld, crate::detect_isa()) };
     Ok(())
@@ -726,7 +797,13 @@ mod avx2_softmax {
         while i < n {
             let m = tail_mask(n - i);
             // SAFETY: masked lanes stay below n.
-            unsafe { _mm256_maskstore_ps(x.add(i), m, _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sv)) };
+            unsafe {
+                _mm256_maskstore_ps(
+                    x.add(i),
+                    m,
+                    _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sv),
+                )
+            };
             i += 8;
         }
     }

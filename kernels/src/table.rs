@@ -20,7 +20,9 @@
 
 use crate::attention::{attention_batched_raw, AttentionArgs};
 use crate::error::KernelError;
-use crate::gemm::{gemm_batched_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split};
+use crate::gemm::{
+    gemm_batched_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split,
+};
 use crate::math::{map_raw, softmax_rows_raw, Activation, Unary};
 use crate::threadpool::ThreadPool;
 use crate::{effective_isa, Isa};
@@ -155,13 +157,19 @@ fn status(r: Result<(), KernelError>) -> i32 {
 ///
 /// # Safety
 /// `table` points to a live `KernelTable` whose pool (if not null) is alive.
-unsafe fn context<'a>(table: *const KernelTable) -> Result<(Isa, Option<&'a ThreadPool>), KernelError> {
+unsafe fn context<'a>(
+    table: *const KernelTable,
+) -> Result<(Isa, Option<&'a ThreadPool>), KernelError> {
     if table.is_null() {
         return Err(KernelError::Invalid("null kernel table"));
     }
     // SAFETY: caller contract.
     let t = unsafe { &*table };
-    let isa = if t.isa == 1 { effective_isa(Isa::Avx2Fma) } else { Isa::Scalar };
+    let isa = if t.isa == 1 {
+        effective_isa(Isa::Avx2Fma)
+    } else {
+        Isa::Scalar
+    };
     // SAFETY: caller contract: the pool outlives the call.
     Ok((isa, unsafe { t.pool.as_ref() }))
 }
@@ -195,7 +203,23 @@ pub unsafe extern "C" fn raw_gemm_f32(
     scratch_len: usize,
 ) -> i32 {
     // SAFETY: caller contract, forwarded.
-    status(unsafe { gemm_entry(table, m, n, k, a, lda, b_packed, c, ldc, accumulate, epi, scratch, scratch_len) })
+    status(unsafe {
+        gemm_entry(
+            table,
+            m,
+            n,
+            k,
+            a,
+            lda,
+            b_packed,
+            c,
+            ldc,
+            accumulate,
+            epi,
+            scratch,
+            scratch_len,
+        )
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -222,7 +246,11 @@ unsafe fn gemm_entry(
     crate::error::span("a", m, k, lda)?;
     crate::error::span("c", m, n, ldc)?;
     // SAFETY: caller contract: epi is null or points to an Epilogue.
-    let e = if epi.is_null() { Epilogue::NONE } else { unsafe { *epi } };
+    let e = if epi.is_null() {
+        Epilogue::NONE
+    } else {
+        unsafe { *epi }
+    };
     let act = Activation::from_u32(e.activation).ok_or(KernelError::BadActivation(e.activation))?;
     if !e.residual.is_null() {
         crate::error::span("residual", m, n, e.residual_stride)?;
@@ -230,7 +258,19 @@ unsafe fn gemm_entry(
     if c.is_null() || (k > 0 && (a.is_null() || b_packed.is_null() || scratch.is_null())) {
         return Err(KernelError::Invalid("null operand pointer"));
     }
-    let d = GemmDesc { m, n, k, a, lda, b: b_packed, c, ldc, accumulate: accumulate != 0, epi: e, act };
+    let d = GemmDesc {
+        m,
+        n,
+        k,
+        a,
+        lda,
+        b: b_packed,
+        c,
+        ldc,
+        accumulate: accumulate != 0,
+        epi: e,
+        act,
+    };
     // SAFETY: operand validity is the caller's contract; strides checked above.
     unsafe { gemm_raw(&d, scratch, scratch_len, pool, isa, Split::Auto) }
 }
@@ -241,7 +281,10 @@ unsafe fn gemm_entry(
 /// `table` as for [`KernelTable::new`]; `args` points to a `BatchedGemmArgs` whose every item's
 /// operands are valid, whose C blocks are pairwise disjoint and disjoint from the inputs, and whose
 /// scratch (`scratch_len` floats) overlaps nothing else.
-pub unsafe extern "C" fn raw_gemm_batched_f32(table: *const KernelTable, args: *const BatchedGemmArgs) -> i32 {
+pub unsafe extern "C" fn raw_gemm_batched_f32(
+    table: *const KernelTable,
+    args: *const BatchedGemmArgs,
+) -> i32 {
     // SAFETY: caller contract.
     status(unsafe {
         context(table).and_then(|(isa, pool)| {
@@ -269,7 +312,10 @@ pub unsafe extern "C" fn raw_gemm_batched_f32(table: *const KernelTable, args: *
 /// `table` as for [`KernelTable::new`]; `args` points to an `AttentionArgs` whose heads' operands
 /// are valid, whose output heads are pairwise disjoint and disjoint from the inputs, and whose
 /// scratch (`scratch_len` floats, at least `attention_scratch_len(dims)`) overlaps nothing else.
-pub unsafe extern "C" fn raw_attention_f32(table: *const KernelTable, args: *const AttentionArgs) -> i32 {
+pub unsafe extern "C" fn raw_attention_f32(
+    table: *const KernelTable,
+    args: *const AttentionArgs,
+) -> i32 {
     // SAFETY: caller contract.
     status(unsafe {
         context(table).and_then(|(isa, pool)| {
@@ -293,7 +339,14 @@ pub unsafe extern "C" fn raw_attention_f32(table: *const KernelTable, args: *con
 /// # Safety
 /// `src` readable over its layout's extent (`ldb ≥ n`, or `ldb ≥ k` when transposed); `dst` writable
 /// for `packed_b_len(k, n)` floats; no overlap.
-pub unsafe extern "C" fn raw_pack_b_f32(src: *const f32, k: usize, n: usize, ldb: usize, transposed: usize, dst: *mut f32) {
+pub unsafe extern "C" fn raw_pack_b_f32(
+    src: *const f32,
+    k: usize,
+    n: usize,
+    ldb: usize,
+    transposed: usize,
+    dst: *mut f32,
+) {
     // SAFETY: caller contract.
     unsafe { pack_b_raw(src, k, n, ldb, transposed != 0, dst) }
 }
@@ -314,11 +367,31 @@ macro_rules! unary_entry {
 unary_entry!(raw_exp_f32, Unary::Exp, "`y = exp(x)`.");
 unary_entry!(raw_erf_f32, Unary::Erf, "`y = erf(x)`.");
 unary_entry!(raw_tanh_f32, Unary::Act(Activation::Tanh), "`y = tanh(x)`.");
-unary_entry!(raw_sigmoid_f32, Unary::Act(Activation::Sigmoid), "`y = 1/(1+exp(-x))`.");
-unary_entry!(raw_silu_f32, Unary::Act(Activation::Silu), "`y = x·sigmoid(x)`.");
-unary_entry!(raw_gelu_erf_f32, Unary::Act(Activation::GeluErf), "`y = x/2·(1+erf(x/√2))`.");
-unary_entry!(raw_gelu_tanh_f32, Unary::Act(Activation::GeluTanh), "`y = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`.");
-unary_entry!(raw_relu_f32, Unary::Act(Activation::Relu), "`y = max(x, 0)`.");
+unary_entry!(
+    raw_sigmoid_f32,
+    Unary::Act(Activation::Sigmoid),
+    "`y = 1/(1+exp(-x))`."
+);
+unary_entry!(
+    raw_silu_f32,
+    Unary::Act(Activation::Silu),
+    "`y = x·sigmoid(x)`."
+);
+unary_entry!(
+    raw_gelu_erf_f32,
+    Unary::Act(Activation::GeluErf),
+    "`y = x/2·(1+erf(x/√2))`."
+);
+unary_entry!(
+    raw_gelu_tanh_f32,
+    Unary::Act(Activation::GeluTanh),
+    "`y = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`."
+);
+unary_entry!(
+    raw_relu_f32,
+    Unary::Act(Activation::Relu),
+    "`y = max(x, 0)`."
+);
 
 /// `y = act(x)` for an [`Activation`] code; status 4 for an unknown code.
 ///

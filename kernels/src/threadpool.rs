@@ -62,7 +62,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("threads", &self.threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("threads", &self.threads)
+            .finish()
     }
 }
 
@@ -79,7 +81,10 @@ impl ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             state: AtomicU64::new(CLOSED),
-            job: UnsafeCell::new(Job { f: None, n_tasks: 0 }),
+            job: UnsafeCell::new(Job {
+                f: None,
+                n_tasks: 0,
+            }),
             next: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -101,7 +106,12 @@ impl ThreadPool {
             }
         }
         let threads = workers.len() + 1;
-        ThreadPool { shared, workers, run_lock: Mutex::new(()), threads }
+        ThreadPool {
+            shared,
+            workers,
+            run_lock: Mutex::new(()),
+            threads,
+        }
     }
 
     /// Threads a job may run on, the caller included.
@@ -142,11 +152,15 @@ impl ThreadPool {
         // SAFETY: erase the closure's lifetime. The pointer is only dereferenced by workers that
         // registered for this epoch, and this function does not return before every such worker has
         // unregistered (see the wait on the registered count below).
-        let erased: *const TaskFn<'static> = unsafe { std::mem::transmute::<&TaskFn<'_>, &TaskFn<'static>>(f) };
+        let erased: *const TaskFn<'static> =
+            unsafe { std::mem::transmute::<&TaskFn<'_>, &TaskFn<'static>>(f) };
         // SAFETY: we hold run_lock and the state is CLOSED with zero registered workers (initial
         // state, or the end of the previous run), so no other thread reads the job slot now.
         unsafe {
-            *sh.job.get() = Job { f: Some(erased), n_tasks };
+            *sh.job.get() = Job {
+                f: Some(erased),
+                n_tasks,
+            };
         }
         sh.next.store(0, Ordering::Relaxed);
         sh.panicked.store(false, Ordering::Relaxed);
@@ -212,7 +226,7 @@ fn worker_loop(sh: &Shared, w: usize) {
                 break;
             }
             i = i.wrapping_add(1);
-            if i % 64 != 0 {
+            if !i.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -225,7 +239,9 @@ fn worker_loop(sh: &Shared, w: usize) {
             let g = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
             sh.sleepers.fetch_add(1, Ordering::SeqCst);
             let s = sh.state.load(Ordering::SeqCst);
-            let g = if (s >> 32 == seen_epoch || s & CLOSED != 0) && !sh.shutdown.load(Ordering::SeqCst) {
+            let g = if (s >> 32 == seen_epoch || s & CLOSED != 0)
+                && !sh.shutdown.load(Ordering::SeqCst)
+            {
                 sh.cv.wait(g).unwrap_or_else(|p| p.into_inner())
             } else {
                 g
@@ -240,7 +256,10 @@ fn worker_loop(sh: &Shared, w: usize) {
             if s & CLOSED != 0 {
                 break false;
             }
-            match sh.state.compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire) {
+            match sh
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => break true,
                 Err(cur) => s = cur,
             }

@@ -35,13 +35,28 @@ struct Err {
 
 /// Max errors of `f` (evaluated through the slice API on `isa`) against `r`. Relative error is taken
 /// where |reference| >= `rel_floor` and `rel_where(x)` holds.
-fn measure(f: Unary, isa: Isa, xs: &[f32], r: impl Fn(f64) -> f64, rel_floor: f64, rel_where: impl Fn(f32) -> bool) -> Err {
+fn measure(
+    f: Unary,
+    isa: Isa,
+    xs: &[f32],
+    r: impl Fn(f64) -> f64,
+    rel_floor: f64,
+    rel_where: impl Fn(f32) -> bool,
+) -> Err {
     let mut y = vec![0.0f32; xs.len()];
     math::map_with_isa(f, xs, &mut y, isa).unwrap();
-    let mut e = Err { max_rel: 0.0, at_rel: 0.0, max_abs: 0.0, at_abs: 0.0 };
+    let mut e = Err {
+        max_rel: 0.0,
+        at_rel: 0.0,
+        max_abs: 0.0,
+        at_abs: 0.0,
+    };
     for (&x, &yv) in xs.iter().zip(&y) {
         let want = r(x as f64);
-        assert!(!yv.is_nan(), "{f:?} {isa:?}: NaN at x = {x:e} (want {want:e})");
+        assert!(
+            !yv.is_nan(),
+            "{f:?} {isa:?}: NaN at x = {x:e} (want {want:e})"
+        );
         let abs = (yv as f64 - want).abs();
         if abs > e.max_abs {
             e.max_abs = abs;
@@ -75,14 +90,29 @@ fn exp_sweep() {
     xs.retain(|&x| x >= -103.0);
     for isa in isas() {
         let e = measure(Unary::Exp, isa, &xs, f64::exp, MIN_NORMAL, |_| true);
-        assert!(e.max_rel < 1.2e-7, "exp rel error {:e} at {:e}", e.max_rel, e.at_rel);
+        assert!(
+            e.max_rel < 1.2e-7,
+            "exp rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
     }
 }
 
 #[test]
 fn exp_special_values() {
     for isa in isas() {
-        let xs = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 89.0, 1000.0, -1000.0, -104.5, 0.0, -0.0];
+        let xs = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            89.0,
+            1000.0,
+            -1000.0,
+            -104.5,
+            0.0,
+            -0.0,
+        ];
         let mut y = [0.0f32; 9];
         math::map_with_isa(Unary::Exp, &xs, &mut y, isa).unwrap();
         assert!(y[0].is_nan());
@@ -97,7 +127,11 @@ fn exp_special_values() {
         // Subnormal results are still produced (exp(-100) ~ 3.7e-44).
         let mut z = [0.0f32; 1];
         math::map_with_isa(Unary::Exp, &[-100.0], &mut z, isa).unwrap();
-        assert!((z[0] as f64 - (-100.0f64).exp()).abs() < 2e-45, "{isa:?}: exp(-100) = {:e}", z[0]);
+        assert!(
+            (z[0] as f64 - (-100.0f64).exp()).abs() < 2e-45,
+            "{isa:?}: exp(-100) = {:e}",
+            z[0]
+        );
     }
 }
 
@@ -106,8 +140,18 @@ fn erf_sweep() {
     let xs = sweep(6.0, 257);
     for isa in isas() {
         let e = measure(Unary::Erf, isa, &xs, libm::erf, 1e-37, |_| true);
-        assert!(e.max_rel < 1.5e-7, "erf rel error {:e} at {:e}", e.max_rel, e.at_rel);
-        assert!(e.max_abs < 1.2e-7, "erf abs error {:e} at {:e}", e.max_abs, e.at_abs);
+        assert!(
+            e.max_rel < 1.5e-7,
+            "erf rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
+        assert!(
+            e.max_abs < 1.2e-7,
+            "erf abs error {:e} at {:e}",
+            e.max_abs,
+            e.at_abs
+        );
     }
 }
 
@@ -115,8 +159,20 @@ fn erf_sweep() {
 fn tanh_sweep() {
     let xs = sweep(12.0, 257);
     for isa in isas() {
-        let e = measure(Unary::Act(Activation::Tanh), isa, &xs, f64::tanh, 1e-37, |_| true);
-        assert!(e.max_rel < 1.5e-7, "tanh rel error {:e} at {:e}", e.max_rel, e.at_rel);
+        let e = measure(
+            Unary::Act(Activation::Tanh),
+            isa,
+            &xs,
+            f64::tanh,
+            1e-37,
+            |_| true,
+        );
+        assert!(
+            e.max_rel < 1.5e-7,
+            "tanh rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
     }
 }
 
@@ -125,10 +181,34 @@ fn sigmoid_silu_sweep() {
     let mut xs = sweep(30.0, 257);
     xs.extend(sweep(87.0, 65537));
     for isa in isas() {
-        let e = measure(Unary::Act(Activation::Sigmoid), isa, &xs, sigmoid64, MIN_NORMAL, |_| true);
-        assert!(e.max_rel < 2.5e-7, "sigmoid rel error {:e} at {:e}", e.max_rel, e.at_rel);
-        let e = measure(Unary::Act(Activation::Silu), isa, &xs, |x| x * sigmoid64(x), MIN_NORMAL, |_| true);
-        assert!(e.max_rel < 2.5e-7, "silu rel error {:e} at {:e}", e.max_rel, e.at_rel);
+        let e = measure(
+            Unary::Act(Activation::Sigmoid),
+            isa,
+            &xs,
+            sigmoid64,
+            MIN_NORMAL,
+            |_| true,
+        );
+        assert!(
+            e.max_rel < 2.5e-7,
+            "sigmoid rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
+        let e = measure(
+            Unary::Act(Activation::Silu),
+            isa,
+            &xs,
+            |x| x * sigmoid64(x),
+            MIN_NORMAL,
+            |_| true,
+        );
+        assert!(
+            e.max_rel < 2.5e-7,
+            "silu rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
     }
 }
 
@@ -138,16 +218,62 @@ fn gelu_sweep() {
     for isa in isas() {
         // erf is clamped at |x/√2| = 4: below x = -5.6 GELU is under 2e-8·|x| and only its absolute
         // error is bounded.
-        let e = measure(Unary::Act(Activation::GeluErf), isa, &xs, gelu_erf64, 1e-30, |_| true);
-        assert!(e.max_rel < 6.0e-7, "gelu_erf rel error {:e} at {:e}", e.max_rel, e.at_rel);
-        assert!(e.max_abs < 5.0e-7, "gelu_erf abs error {:e} at {:e}", e.max_abs, e.at_abs);
+        let e = measure(
+            Unary::Act(Activation::GeluErf),
+            isa,
+            &xs,
+            gelu_erf64,
+            1e-30,
+            |_| true,
+        );
+        assert!(
+            e.max_rel < 6.0e-7,
+            "gelu_erf rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
+        assert!(
+            e.max_abs < 5.0e-7,
+            "gelu_erf abs error {:e} at {:e}",
+            e.max_abs,
+            e.at_abs
+        );
         // gelu_tanh's tail is exp(-2u) with u ≈ 0.0356·x³: its condition number 2u makes the f32
         // rounding of u alone cost ~2u·2⁻²⁴ relative, so the relative bound is tight only for x ≥ -3.
-        let e = measure(Unary::Act(Activation::GeluTanh), isa, &xs, gelu_tanh64, 1e-30, |x| x >= -3.0);
-        assert!(e.max_rel < 1.2e-6, "gelu_tanh rel error {:e} at {:e}", e.max_rel, e.at_rel);
-        assert!(e.max_abs < 5.0e-7, "gelu_tanh abs error {:e} at {:e}", e.max_abs, e.at_abs);
-        let e = measure(Unary::Act(Activation::GeluTanh), isa, &xs, gelu_tanh64, 1e-30, |_| true);
-        assert!(e.max_rel < 3.0e-5, "gelu_tanh rel error {:e} at {:e}", e.max_rel, e.at_rel);
+        let e = measure(
+            Unary::Act(Activation::GeluTanh),
+            isa,
+            &xs,
+            gelu_tanh64,
+            1e-30,
+            |x| x >= -3.0,
+        );
+        assert!(
+            e.max_rel < 1.2e-6,
+            "gelu_tanh rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
+        assert!(
+            e.max_abs < 5.0e-7,
+            "gelu_tanh abs error {:e} at {:e}",
+            e.max_abs,
+            e.at_abs
+        );
+        let e = measure(
+            Unary::Act(Activation::GeluTanh),
+            isa,
+            &xs,
+            gelu_tanh64,
+            1e-30,
+            |_| true,
+        );
+        assert!(
+            e.max_rel < 3.0e-5,
+            "gelu_tanh rel error {:e} at {:e}",
+            e.max_rel,
+            e.at_rel
+        );
     }
 }
 
@@ -186,14 +312,22 @@ fn vector_and_scalar_paths_agree_closely() {
         return;
     }
     let xs = sweep(8.0, 7919);
-    for f in [Unary::Exp, Unary::Erf, Unary::Act(Activation::Tanh), Unary::Act(Activation::GeluErf)] {
+    for f in [
+        Unary::Exp,
+        Unary::Erf,
+        Unary::Act(Activation::Tanh),
+        Unary::Act(Activation::GeluErf),
+    ] {
         let mut a = vec![0.0f32; xs.len()];
         let mut b = vec![0.0f32; xs.len()];
         math::map_with_isa(f, &xs, &mut a, Isa::Scalar).unwrap();
         math::map_with_isa(f, &xs, &mut b, Isa::Avx2Fma).unwrap();
         for ((&x, &p), &q) in xs.iter().zip(&a).zip(&b) {
             let tol = 4.0 * f32::EPSILON * p.abs().max(q.abs()) + 1e-37;
-            assert!((p - q).abs() <= tol, "{f:?} at {x:e}: scalar {p:e} vs avx2 {q:e}");
+            assert!(
+                (p - q).abs() <= tol,
+                "{f:?} at {x:e}: scalar {p:e} vs avx2 {q:e}"
+            );
         }
     }
 }
@@ -218,9 +352,16 @@ fn softmax_rows_matches_reference() {
             let mx = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
             let s: f64 = row.iter().map(|&v| (v as f64 - mx).exp()).sum();
             for j in 0..cols {
-                let want = if mx == f64::NEG_INFINITY { 0.0 } else { (row[j] as f64 - mx).exp() / s };
+                let want = if mx == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    (row[j] as f64 - mx).exp() / s
+                };
                 let got = x[r * ld + j] as f64;
-                assert!((got - want).abs() <= 2e-6 * want.max(1e-3), "row {r} col {j}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 2e-6 * want.max(1e-3),
+                    "row {r} col {j}: {got} vs {want}"
+                );
             }
             // Padding between rows untouched.
             for j in cols..ld {
