@@ -99,13 +99,18 @@ fn tiny_bert_matches_reference() {
 }
 
 /// GEMMs whose sizes are not multiples of any tile, with a transposed (nn.Linear) weight, a
-/// bias + GELU epilogue, and a residual add; both SIMT tile shapes.
+/// bias + GELU epilogue, and a residual add; each of the three SIMT tile shapes.
 #[test]
 fn linear_layers_at_odd_sizes() {
     if !have_cxx() {
         return;
     }
-    for (rows, k, n) in [(3usize, 50usize, 70usize), (37, 33, 129), (40, 33, 520)] {
+    for (rows, seq, k, n, want) in [
+        (3usize, 5usize, 50usize, 70usize, "gemm/simt_32x32"),
+        (37, 5, 33, 129, "gemm/simt_32x32"),
+        (55, 20, 17, 1000, "gemm/simt_64x64"),
+        (110, 20, 17, 1000, "gemm/simt_128x64"),
+    ] {
         let mut gb = GraphBuilder::new();
         let x = gb.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, Dim::Fixed(k)], InputRole::Other).unwrap();
         let w1 = gb.weight("w1", DType::F32, &[n, k]).unwrap();
@@ -118,12 +123,10 @@ fn linear_layers_at_odd_sizes() {
         gb.output("y", y);
         let g = gb.finish().unwrap();
         let w = weights_for(&g, 3);
-        let seq = if rows == 40 { 20 } else { 5 };
         let b = Bucket::new(rows, seq);
         let xin = HostTensor::f32(vec![rows, seq, k], rand_vec(rows * seq * k, 11, 1.0)).unwrap();
-        let kinds = check(&format!("linear {rows}x{k}x{n}"), &g, &w, &[xin], b, "sm_90", 2e-5);
-        let want = if rows == 40 { "gemm/simt_64x64" } else { "gemm/simt_32x32" };
-        assert!(kinds.iter().any(|k| k == want), "{kinds:?}");
+        let kinds = check(&format!("linear {rows}x{seq}x{k}x{n}"), &g, &w, &[xin], b, "sm_90", 2e-5);
+        assert!(kinds.iter().any(|k| k == want), "want {want}: {kinds:?}");
     }
 }
 

@@ -94,6 +94,8 @@ inline int kiln_f32_to_i32(float f) {
     if (f <= -2147483648.0f) return std::numeric_limits<int>::min();
     return (int)f;
 }
+inline void kiln_ld2(const float* p, float* v) { std::memcpy(v, p, 8); }
+inline void kiln_ld4(const float* p, float* v) { std::memcpy(v, p, 16); }
 inline unsigned kiln_ld_u32(const unsigned short* p) {
     unsigned u;
     std::memcpy(&u, p, 4);

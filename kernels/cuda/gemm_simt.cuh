@@ -1,10 +1,11 @@
 // Batched GEMM, f32 SIMT: out[b,i,j] = epilogue(alpha * sum_p A[b,i,p] * B[b,p,j]).
-// A {{BM}}x{{BN}} output tile per block, {{BK}}-deep slices of A and B staged in shared memory,
-// a {{TM}}x{{TN}} register tile per thread (rows ty + r*{{TY}}, cols tx + c*{{TX}}: conflict-free
-// shared reads, coalesced stores). blockIdx.z walks the batch.
+// A {{BM}}x{{BN}} output tile per block, {{BK}}-deep slices of A and B staged in shared memory
+// (A transposed to [k][m]), a {{TM}}x{{TN}} register tile per thread (rows ty*{{TM}}.., cols
+// tx*{{TN}}..) fed by vector shared-memory loads: {{TM}}+{{TN}} floats in {{LDS}} loads per
+// {{TM}}x{{TN}} FMAs. blockIdx.z walks the batch.
 extern "C" __global__ void __launch_bounds__({{THREADS}}) {{NAME}}({{PARAMS}}) {
-    __shared__ float As[{{BK}}][{{BM}} + 4];
-    __shared__ float Bs[{{BK}}][{{BN}} + 4];
+    __shared__ __align__(16) float As[{{BK}}][{{BM}} + 4];
+    __shared__ __align__(16) float Bs[{{BK}}][{{BN}} + 4];
     const unsigned tid = threadIdx.x;
     const unsigned tx = tid % {{TX}}u, ty = tid / {{TX}}u;
     const unsigned m0 = blockIdx.y * {{BM}}u, n0 = blockIdx.x * {{BN}}u;
@@ -33,10 +34,7 @@ extern "C" __global__ void __launch_bounds__({{THREADS}}) {{NAME}}({{PARAMS}}) {
 #pragma unroll
         for (int kk = 0; kk < {{BK}}; ++kk) {
             float a[{{TM}}], b[{{TN}}];
-#pragma unroll
-            for (int r = 0; r < {{TM}}; ++r) a[r] = As[kk][ty + (unsigned)r * {{TY}}u];
-#pragma unroll
-            for (int c = 0; c < {{TN}}; ++c) b[c] = Bs[kk][tx + (unsigned)c * {{TX}}u];
+{{FRAGS}}
 #pragma unroll
             for (int r = 0; r < {{TM}}; ++r)
 #pragma unroll
@@ -46,10 +44,10 @@ extern "C" __global__ void __launch_bounds__({{THREADS}}) {{NAME}}({{PARAMS}}) {
     }
 #pragma unroll
     for (int r = 0; r < {{TM}}; ++r) {
-        const unsigned gi = m0 + ty + (unsigned)r * {{TY}}u;
+        const unsigned gi = m0 + ty * {{TM}}u + (unsigned)r;
 #pragma unroll
         for (int c = 0; c < {{TN}}; ++c) {
-            const unsigned gj = n0 + tx + (unsigned)c * {{TX}}u;
+            const unsigned gj = n0 + tx * {{TN}}u + (unsigned)c;
             if (gi < {{M}}u && gj < {{N}}u) {
                 const float kiln_acc = {{ALPHA}} * acc[r][c];
 {{EPILOGUE}}

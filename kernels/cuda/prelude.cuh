@@ -31,6 +31,15 @@ __device__ __forceinline__ int kiln_f32_to_i32(float f) {
 __device__ __forceinline__ unsigned kiln_ld_u32(const unsigned short* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
+// Vector loads of 2 / 4 consecutive floats (8- / 16-byte aligned) from shared memory.
+__device__ __forceinline__ void kiln_ld2(const float* p, float* v) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    v[0] = t.x; v[1] = t.y;
+}
+__device__ __forceinline__ void kiln_ld4(const float* p, float* v) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+}
 // D = A·B + D on tensor cores: m16n8k16, A row-major f16/bf16 pairs, B column-major, f32 accumulate.
 __device__ __forceinline__ void kiln_mma_f16(float* c, const unsigned* a, const unsigned* b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"

@@ -1047,15 +1047,33 @@ fn emit_gemm(
         return Ok(Body { kind: format!("gemm/mma_{dt}"), source, grid, block: [128, 1, 1] });
     }
 
-    // SIMT: 64x64 tiles when there are enough of them to fill a large GPU, else 32x32.
-    let big_tiles = n.div_ceil(64) * m.div_ceil(64) * nbatch.max(1);
-    let (bm, bn, tm, tn) = if big_tiles >= 96 { (64usize, 64usize, 4usize, 4usize) } else { (32, 32, 2, 2) };
+    // SIMT: the largest tile that still gives about two blocks per SM of a large GPU (132 SMs
+    // on an H100/H200), else the smallest (most parallel) one.
+    const CONFIGS: [(usize, usize, usize, usize); 3] = [(128, 64, 8, 4), (64, 64, 4, 4), (32, 32, 2, 2)];
+    const MIN_BLOCKS: usize = 264;
+    let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) * nbatch.max(1);
+    let (bm, bn, tm, tn) = CONFIGS.iter().copied().find(|&(bm, bn, _, _)| blocks(bm, bn) >= MIN_BLOCKS).unwrap_or(CONFIGS[2]);
     let bk = 16usize;
     let (tx, ty) = (bn / tn, bm / tm);
     let threads = tx * ty;
     let (a_per, b_per) = (bm * bk / threads, bk * bn / threads);
     let (a_mm, a_kk) = if a_kcontig { (format!("e / {bk}u"), format!("e % {bk}u")) } else { (format!("e % {bm}u"), format!("e / {bm}u")) };
     let (b_kk, b_nn) = if b_ncontig { (format!("e / {bn}u"), format!("e % {bn}u")) } else { (format!("e % {bk}u"), format!("e / {bk}u")) };
+    // Vector shared-memory loads of each thread's TM rows of A and TN columns of B.
+    let frag = |arr: &str, dst: &str, idx: &str, t: usize| -> String {
+        let mut f = String::new();
+        let mut o = 0;
+        while o < t {
+            let w = if t - o >= 4 { 4 } else { 2 };
+            let off = if o == 0 { String::new() } else { format!(" + {o}u") };
+            let d = if o == 0 { dst.to_string() } else { format!("{dst} + {o}") };
+            let _ = writeln!(f, "            kiln_ld{w}(&{arr}[kk][{idx} * {t}u{off}], {d});");
+            o += w;
+        }
+        f
+    };
+    let frags = format!("{}{}", frag("As", "a", "ty", tm), frag("Bs", "b", "tx", tn));
+    let lds = tm.div_ceil(4) + tn.div_ceil(4);
     let grid = [n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, nbatch.max(1) as u32];
     if grid[1] > 65535 {
         return Err(ctx.err(format!("m = {m} needs {} row blocks (at most 65535)", grid[1])));
@@ -1073,7 +1091,8 @@ fn emit_gemm(
             ("TM", tm.to_string()),
             ("TN", tn.to_string()),
             ("TX", tx.to_string()),
-            ("TY", ty.to_string()),
+            ("LDS", lds.to_string()),
+            ("FRAGS", frags.trim_end().to_string()),
             ("BATCH", batch_block.trim_end().to_string()),
             ("M", m.to_string()),
             ("N", n.to_string()),
