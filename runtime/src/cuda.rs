@@ -171,7 +171,7 @@ impl CudaPlanSpec {
             check_slot("output", i, s)?;
         }
         for (li, l) in self.launches.iter().enumerate() {
-            if with_code && !entries.iter().any(|e| *e == l.kernel) {
+            if with_code && !entries.contains(&l.kernel) {
                 return bad(format!("launch {li} names kernel `{}`, which the PTX does not define", l.kernel));
             }
             let threads: u64 = l.block.iter().map(|&b| b as u64).product();

@@ -814,8 +814,7 @@ fn emit_row(ctx: &Ctx, kind: RowKind, prologue: &Expr) -> Result<Body> {
         RowKind::Norm { kind: nk, eps, gamma, beta } => {
             let eps = f32_lit(eps);
             let mut math = String::new();
-            let y;
-            match nk {
+            let y = match nk {
                 NormKind::LayerNorm => {
                     let _ = writeln!(math, "    float s = 0.0f;\n#pragma unroll\n    for (int u = 0; u < {per}; ++u) s += x[u];");
                     let _ = writeln!(math, "    const float mean = {} / {cols_f};", red(sum, "s"));
@@ -825,14 +824,14 @@ fn emit_row(ctx: &Ctx, kind: RowKind, prologue: &Expr) -> Result<Body> {
                         Some(b) => format!(" + {}", param_load(b)?),
                         None => String::new(),
                     };
-                    y = format!("(x[u] - mean) * rstd * {}{beta}", param_load(gamma)?);
+                    format!("(x[u] - mean) * rstd * {}{beta}", param_load(gamma)?)
                 }
                 NormKind::RmsNorm => {
                     let _ = writeln!(math, "    float q = 0.0f;\n#pragma unroll\n    for (int u = 0; u < {per}; ++u) q = fmaf(x[u], x[u], q);");
                     let _ = writeln!(math, "    const float rstd = 1.0f / sqrtf({} / {cols_f} + {eps});", red(sum, "q"));
-                    y = format!("x[u] * rstd * {}", param_load(gamma)?);
+                    format!("x[u] * rstd * {}", param_load(gamma)?)
                 }
-            }
+            };
             let store = format!("            const float y = {y};\n            {}", ctx.store_f32(k.output.buffer, &out_idx, "y"));
             let name = if nk == NormKind::LayerNorm { "layer_norm" } else { "rms_norm" };
             (math, store, "0.0f".to_string(), name)
