@@ -1,5 +1,6 @@
 //! Backends that lower a graph for one bucket and run it.
 
+pub mod cpu;
 pub mod cuda;
 pub mod reference;
 

@@ -1,0 +1,52 @@
+//! Embedding lookup: `out[ids.., c] = table[id, c]`. An id outside `0..rows` makes the kernel
+//! return status `GATHER_OUT_OF_RANGE` (a typed error at run time; never an out-of-bounds read).
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{InstBuilder, Value};
+
+use super::elementwise::{coalesce, emit_map, tasks_for, MapBody, MapView};
+use super::emit::Fx;
+use crate::kernel_ir::Kernel;
+
+pub(crate) fn emit_gather(fx: &mut Fx, k: &Kernel) -> u32 {
+    let (t, ids) = (&k.inputs[0], &k.inputs[1]);
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let r = ids.rank();
+    let n_ids = ids.numel();
+    if n_ids == 0 {
+        return 1;
+    }
+    let t_dt = fx.dtype(t.buffer);
+    let ids_dt = fx.dtype(ids.buffer);
+    let out_dt = fx.dtype(k.output.buffer);
+    let t_base = fx.view_base(t);
+    let ptrs = [fx.view_base(ids), fx.view_base(&k.output)];
+    let st = vec![
+        ids.strides.iter().map(|&s| s as i64).collect::<Vec<_>>(),
+        k.output.strides[..r].iter().map(|&s| s as i64).collect::<Vec<_>>(),
+    ];
+    let (dims, st) = coalesce(&ids.shape, &st);
+    let bytes = vec![
+        st[0].iter().map(|&s| s * ids_dt.size() as i64).collect::<Vec<_>>(),
+        st[1].iter().map(|&s| s * out_dt.size() as i64).collect::<Vec<_>>(),
+    ];
+    let tasks = if dims.is_empty() { 1 } else { tasks_for(fx.env.threads, n_ids * cols, 1 << 15).min(dims[0] as u32) };
+    let range = if tasks > 1 { Some(fx.task_range(dims[0], 1)) } else { None };
+    let row_bytes = (t.strides[0] * t_dt.size()) as i64;
+    let t_cs = t.strides[1] as i64;
+    let o_cs = k.output.strides[r] as i64;
+    let int = t_dt.is_int() && out_dt.is_int();
+    fx.nest(&dims, &ptrs, &bytes, range, &mut |fx, p| {
+        let id = fx.load_i64(ids_dt, p[0]);
+        let bad = fx.b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, id, rows as i64);
+        fx.fail_if(bad, kiln_runtime::cpu::status::GATHER_OUT_OF_RANGE);
+        let src = fx.offset(t_base, id, row_bytes);
+        let views = [
+            MapView { ptr: src, strides: vec![t_cs], dtype: t_dt },
+            MapView { ptr: p[1], strides: vec![o_cs], dtype: out_dt },
+        ];
+        let body = if int { MapBody::IntCopy } else { MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]) };
+        emit_map(fx, &[cols], &views, false, body);
+    });
+    tasks
+}

@@ -1,0 +1,392 @@
+//! GEMM kernels: calls into the kernel table's AVX2/FMA GEMM (`gemm_f32`) with B pre-packed.
+//!
+//! - **B**: a weight shared by every batch entry was packed once by the runtime (a
+//!   [`WeightPrep::PackedB`](kiln_runtime::cpu::WeightPrep) slot); any other B is packed per
+//!   batch entry into scratch with the table's `pack_b_f32` (straight from a row- or
+//!   column-major view, or after a strided copy).
+//! - **A** is passed in place when it is f32 with unit column stride; otherwise it is copied
+//!   dense into scratch first.
+//! - **Epilogue**: the common shapes — `act(acc + bias) + residual` with a per-column bias, one
+//!   of the table's activations and a row-major residual — map onto the microkernel's own
+//!   epilogue, applied to each register tile while it is hot. A residual that is the output
+//!   itself (in place) becomes `accumulate`. Anything else runs the GEMM into scratch, then the
+//!   epilogue expression as an elementwise pass.
+
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_kernels::gemm::{gemm_scratch_len, packed_b_len};
+use kiln_kernels::table::KernelTable;
+use kiln_runtime::graph::{BinaryOp, UnaryOp};
+use kiln_runtime::DType;
+
+use super::elementwise::{coalesce, emit_map, MapBody, MapView};
+use super::emit::{mf, Fx};
+use super::expr::emit_expr;
+use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, TensorRef};
+
+/// The microkernel epilogue an expression maps onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fused {
+    pub bias: Option<usize>,
+    /// `kiln_kernels::math::Activation` code.
+    pub act: u32,
+    pub residual: Option<usize>,
+}
+
+fn activation(op: UnaryOp) -> Option<u32> {
+    Some(match op {
+        UnaryOp::Relu => 1,
+        UnaryOp::Gelu => 2,
+        UnaryOp::Tanh => 4,
+        UnaryOp::Silu => 6,
+        _ => return None,
+    })
+}
+
+/// Operands of a tree of `Add`s rooted at `id`.
+fn add_terms(e: &Expr, id: ExprId, out: &mut Vec<ExprId>) {
+    match &e.nodes[id as usize] {
+        ExprNode::Binary(BinaryOp::Add, a, b) => {
+            add_terms(e, *a, out);
+            add_terms(e, *b, out);
+        }
+        _ => out.push(id),
+    }
+}
+
+/// How an epilogue load is laid out over the (m, n) tile.
+#[derive(PartialEq)]
+enum Operand {
+    /// Per column: row stride 0, unit column stride.
+    Bias,
+    /// Row-major with unit column stride.
+    Full,
+    Other,
+}
+
+fn operand_kind(t: &TensorRef, m: usize, n: usize, dt: DType) -> Operand {
+    let r = t.rank();
+    let (rs, cs) = (t.strides[r - 2], t.strides[r - 1]);
+    if dt != DType::F32 || !(cs == 1 || n == 1) {
+        return Operand::Other;
+    }
+    if rs == 0 || m == 1 {
+        if m == 1 && rs != 0 {
+            return Operand::Full;
+        }
+        return Operand::Bias;
+    }
+    if rs >= n {
+        Operand::Full
+    } else {
+        Operand::Other
+    }
+}
+
+/// Matches `act?(acc + bias?) + residual?` (adds in any order and association).
+pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn Fn(usize) -> DType) -> Option<Fused> {
+    let kind = |l: usize| operand_kind(&k.inputs[l], m, n, dt(l));
+    // Splits terms into (exactly one Acc or one activation node, loads).
+    let mut outer = Vec::new();
+    add_terms(e, e.root(), &mut outer);
+    let mut core = None;
+    let mut post_loads = Vec::new();
+    for &t in &outer {
+        match &e.nodes[t as usize] {
+            ExprNode::Load(l) => post_loads.push(*l),
+            ExprNode::Acc | ExprNode::Unary(..) if core.is_none() => core = Some(t),
+            _ => return None,
+        }
+    }
+    let core = core?;
+    let (act, inner_root) = match &e.nodes[core as usize] {
+        ExprNode::Acc => (0, None),
+        ExprNode::Unary(op, x) => (activation(*op)?, Some(*x)),
+        _ => return None,
+    };
+    let mut bias = None;
+    let mut residual = None;
+    let mut place = |l: usize, allow_full: bool, allow_bias: bool| -> Option<()> {
+        match kind(l) {
+            Operand::Bias if allow_bias && bias.is_none() => bias = Some(l),
+            Operand::Full if allow_full && residual.is_none() => residual = Some(l),
+            _ => return None,
+        }
+        Some(())
+    };
+    match inner_root {
+        None => {
+            // acc + loads: one bias, one residual at most (both added before no activation).
+            for &l in &post_loads {
+                place(l, true, true)?;
+            }
+        }
+        Some(x) => {
+            let mut inner = Vec::new();
+            add_terms(e, x, &mut inner);
+            let mut acc = 0;
+            for &t in &inner {
+                match &e.nodes[t as usize] {
+                    ExprNode::Acc => acc += 1,
+                    ExprNode::Load(l) => place(*l, false, true)?,
+                    _ => return None,
+                }
+            }
+            if acc != 1 {
+                return None;
+            }
+            for &l in &post_loads {
+                place(l, true, false)?;
+            }
+        }
+    }
+    Some(Fused { bias, act, residual })
+}
+
+fn strides2(t: &TensorRef) -> (usize, usize) {
+    let r = t.rank();
+    (t.strides[r - 2], t.strides[r - 1])
+}
+
+/// How A reaches the GEMM: in place with this row stride, or copied dense.
+fn a_direct(t: &TensorRef, dt: DType, m: usize, k: usize) -> Option<usize> {
+    let (ri, cp) = strides2(t);
+    if dt != DType::F32 || !(cp == 1 || k <= 1) {
+        return None;
+    }
+    if m <= 1 {
+        Some(k.max(1))
+    } else if ri >= k.max(1) {
+        Some(ri)
+    } else {
+        None
+    }
+}
+
+/// How B is packed from its view: `(ldb, transposed)`, or `None` (copy dense first).
+fn b_packable(t: &TensorRef, dt: DType, k: usize, n: usize) -> Option<(usize, bool)> {
+    let (rp, cj) = strides2(t);
+    if dt != DType::F32 {
+        return None;
+    }
+    if (cj == 1 || n <= 1) && (k <= 1 || rp >= n) {
+        return Some((if k <= 1 { n.max(1) } else { rp }, false));
+    }
+    if (rp == 1 || k <= 1) && (n <= 1 || cj >= k) {
+        return Some((if n <= 1 { k.max(1) } else { cj }, true));
+    }
+    None
+}
+
+/// Copies an `rows × cols` strided matrix (element strides `rs`, `cs`) to dense f32 at `dst`.
+fn copy_dense(fx: &mut Fx, src: Value, dt: DType, rows: usize, cols: usize, rs: usize, cs: usize, dst: Value) {
+    let views = [
+        MapView { ptr: src, strides: vec![rs as i64, cs as i64], dtype: dt },
+        MapView { ptr: dst, strides: vec![cols as i64, 1], dtype: DType::F32 },
+    ];
+    emit_map(fx, &[rows, cols], &views, false, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
+}
+
+/// Emits a GEMM kernel. Returns its task count (1: the table's GEMM uses the pool itself).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_gemm(
+    fx: &mut Fx,
+    ki: usize,
+    k: &Kernel,
+    batch: &[usize],
+    m: usize,
+    n: usize,
+    kk: usize,
+    alpha: f32,
+    epilogue: Option<&Expr>,
+) -> u32 {
+    if m == 0 || n == 0 || batch.contains(&0) {
+        return 1;
+    }
+    let nb = batch.len();
+    let (a, b, out) = (&k.inputs[0], &k.inputs[1], &k.output);
+    let dts: Vec<DType> = k.inputs.iter().map(|t| fx.dtype(t.buffer)).collect();
+    let out_dt = fx.dtype(out.buffer);
+    let (oi, oj) = strides2(out);
+    let c_direct = out_dt == DType::F32 && (oj == 1 || n == 1) && (m == 1 || oi >= n);
+    let ldc = if m == 1 { n } else { oi };
+    let fused = match epilogue {
+        None => Some(Fused { bias: None, act: 0, residual: None }),
+        Some(e) => match_epilogue(e, k, m, n, &|l| dts[l]),
+    };
+    // A residual stored over the output (the planner's in-place reuse) is added by
+    // accumulating into C; any other overlap with C takes the unfused path.
+    let (fused, accumulate) = match fused {
+        Some(f) if c_direct => {
+            let overlaps = |l: Option<usize>| l.is_some_and(|l| fx.env.layout.overlap(fx.env.program, &k.inputs[l], out));
+            if overlaps(f.bias) {
+                (None, false)
+            } else if overlaps(f.residual) {
+                let r = &k.inputs[f.residual.unwrap()];
+                if fx.env.layout.same_elements(fx.env.program, r, out) && f.act == 0 {
+                    (Some(Fused { residual: None, ..f }), true)
+                } else {
+                    (None, false)
+                }
+            } else {
+                (Some(f), false)
+            }
+        }
+        _ => (None, false),
+    };
+    let lda_direct = a_direct(a, dts[0], m, kk);
+    let packed_slot = fx.env.layout.packed_b.get(&ki).copied();
+    let b_pack = if packed_slot.is_some() { None } else { b_packable(b, dts[1], kk, n) };
+
+    // Scratch.
+    let threads = fx.env.threads.max(1);
+    let apack_floats = gemm_scratch_len(m, n, kk, threads);
+    let apack_off = fx.claim_scratch(apack_floats * 4);
+    let bpack_off = if packed_slot.is_none() { Some(fx.claim_scratch(packed_b_len(kk, n) * 4)) } else { None };
+    let adense_off = if lda_direct.is_none() { Some(fx.claim_scratch(m * kk * 4)) } else { None };
+    let bdense_off = if packed_slot.is_none() && b_pack.is_none() { Some(fx.claim_scratch(kk * n * 4)) } else { None };
+    let ctmp_off = if fused.is_none() { Some(fx.claim_scratch(m * n * 4)) } else { None };
+
+    // The epilogue struct: bias 0, residual 8, residual_stride 16, activation 24, scale 28.
+    let slot = fx.stack(32);
+    let epi = fx.stack_addr(slot);
+    let zero = fx.iconst(0);
+    fx.b.ins().store(mf(), zero, epi, 0);
+    fx.b.ins().store(mf(), zero, epi, 8);
+    let rstride = match fused.and_then(|f| f.residual) {
+        Some(r) => {
+            let (ri, _) = strides2(&k.inputs[r]);
+            if m == 1 {
+                n
+            } else {
+                ri
+            }
+        }
+        None => 0,
+    };
+    let rs = fx.iconst(rstride as i64);
+    fx.b.ins().store(mf(), rs, epi, 16);
+    let act = fx.b.ins().iconst(I32, fused.map_or(0, |f| f.act) as i64);
+    fx.b.ins().store(mf(), act, epi, 24);
+    let sc = fx.b.ins().f32const(alpha);
+    fx.b.ins().store(mf(), sc, epi, 28);
+
+    // Per-batch pointers: A, B, out, then every epilogue operand.
+    let mut views: Vec<&TensorRef> = vec![a, b, out];
+    let epi_inputs: Vec<usize> = (2..k.inputs.len()).collect();
+    for &l in &epi_inputs {
+        views.push(&k.inputs[l]);
+    }
+    // A pre-packed B is read through its slot only (its plain storage is not mapped).
+    let ptrs: Vec<Value> = views
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if i == 1 && packed_slot.is_some() { fx.iconst(0) } else { fx.view_base(t) })
+        .collect();
+    let bst: Vec<Vec<i64>> = views.iter().map(|t| t.strides[..nb].iter().map(|&s| s as i64).collect()).collect();
+    let (bdims, bst) = coalesce(batch, &bst);
+    let sizes: Vec<i64> = views.iter().map(|t| fx.dtype(t.buffer).size() as i64).collect();
+    let bbytes: Vec<Vec<i64>> = bst.iter().zip(&sizes).map(|(s, &z)| s.iter().map(|&x| x * z).collect()).collect();
+    let b_shared = bst[1].iter().all(|&s| s == 0);
+
+    let apack = fx.scratch_ptr(apack_off);
+    let apack_len = fx.iconst(apack_floats as i64);
+    let (sb_p, sb_j) = strides2(b);
+    // Packs B of one batch entry (at `bp`) into the scratch panel; returns the packed pointer.
+    let pack = |fx: &mut Fx, bp: Value| -> Value {
+        let dst = fx.scratch_ptr(bpack_off.expect("scratch for packing B"));
+        let (src, ldb, tr) = match b_pack {
+            Some((ldb, tr)) => (bp, ldb, tr),
+            None => {
+                let d = fx.scratch_ptr(bdense_off.expect("scratch for a dense B"));
+                copy_dense(fx, bp, dts[1], kk, n, sb_p, sb_j, d);
+                (d, n.max(1), false)
+            }
+        };
+        let kv = fx.iconst(kk as i64);
+        let nv = fx.iconst(n as i64);
+        let lv = fx.iconst(ldb as i64);
+        let tv = fx.iconst(tr as i64);
+        fx.call_table(KernelTable::OFF_PACK_B_F32, &[src, kv, nv, lv, tv, dst], false);
+        dst
+    };
+    let prepacked: Option<Value> = match packed_slot {
+        Some(s) => Some(fx.b.ins().load(I64, mf().with_readonly(), fx.weights, (8 * s) as i32)),
+        None if b_shared && nb > 0 => Some(pack(fx, ptrs[1])),
+        None => None,
+    };
+    let (sa_i, sa_p) = strides2(a);
+    let fused_c = fused;
+    fx.nest(&bdims, &ptrs, &bbytes, None, &mut |fx, p| {
+        let bpk = match prepacked {
+            Some(v) => v,
+            None => pack(fx, p[1]),
+        };
+        let (aptr, lda) = match lda_direct {
+            Some(lda) => (p[0], lda),
+            None => {
+                let d = fx.scratch_ptr(adense_off.expect("scratch for a dense A"));
+                copy_dense(fx, p[0], dts[0], m, kk, sa_i, sa_p, d);
+                (d, kk.max(1))
+            }
+        };
+        let (cptr, ldc_v) = match ctmp_off {
+            None => (p[2], ldc),
+            Some(off) => (fx.scratch_ptr(off), n),
+        };
+        if let Some(f) = fused_c {
+            let bias = match f.bias {
+                Some(l) => p[3 + (l - 2)],
+                None => fx.iconst(0),
+            };
+            fx.b.ins().store(mf(), bias, epi, 0);
+            let res = match f.residual {
+                Some(l) => p[3 + (l - 2)],
+                None => fx.iconst(0),
+            };
+            fx.b.ins().store(mf(), res, epi, 8);
+        }
+        let args = [
+            fx.table,
+            fx.iconst(m as i64),
+            fx.iconst(n as i64),
+            fx.iconst(kk as i64),
+            aptr,
+            fx.iconst(lda as i64),
+            bpk,
+            cptr,
+            fx.iconst(ldc_v as i64),
+            fx.iconst(accumulate as i64),
+            epi,
+            apack,
+            apack_len,
+        ];
+        let st = fx.call_table(KernelTable::OFF_GEMM_F32, &args, true).expect("gemm returns a status");
+        fx.check_status(st);
+        if let Some(off) = ctmp_off {
+            // The epilogue as an elementwise pass from the scratch tile into the output view.
+            let ct = fx.scratch_ptr(off);
+            let mut mv = vec![MapView { ptr: ct, strides: vec![n as i64, 1], dtype: DType::F32 }];
+            for &l in &epi_inputs {
+                let (ri, cj) = strides2(&k.inputs[l]);
+                mv.push(MapView { ptr: p[3 + (l - 2)], strides: vec![ri as i64, cj as i64], dtype: dts[l] });
+            }
+            mv.push(MapView { ptr: p[2], strides: vec![oi as i64, oj as i64], dtype: out_dt });
+            let ninputs = k.inputs.len();
+            let mut body = |fx: &mut Fx, v: &[Value], w: usize| -> Value {
+                match epilogue {
+                    None => v[0],
+                    Some(e) => {
+                        let mut by_input: Vec<Option<Value>> = vec![None; ninputs];
+                        for (j, &l) in epi_inputs.iter().enumerate() {
+                            by_input[l] = Some(v[1 + j]);
+                        }
+                        emit_expr(fx, e, w, &by_input, Some(v[0]))
+                    }
+                }
+            };
+            emit_map(fx, &[m, n], &mv, false, MapBody::Float(&mut body));
+        }
+    });
+    1
+}
