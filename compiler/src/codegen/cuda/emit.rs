@@ -443,14 +443,17 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Statements decomposing the linear index `lin` over `shape` into `const unsigned {prefix}d`.
+/// Statements decomposing the linear index `lin` over `shape` into `const unsigned {prefix}d`
+/// (32-bit division by constants when the shape has fewer than 2^32 elements).
 fn coords_code(indent: &str, lin: &str, shape: &[usize], prefix: &str) -> (String, Vec<String>) {
     let mut code = String::new();
     let names: Vec<String> = (0..shape.len()).map(|d| format!("{prefix}{d}")).collect();
     if shape.is_empty() {
         return (code, names);
     }
-    let _ = writeln!(code, "{indent}unsigned long long {prefix}r = {lin};");
+    let narrow = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)).is_some_and(|n| n <= u32::MAX as u64);
+    let (ty, suf) = if narrow { ("unsigned", "u") } else { ("unsigned long long", "ull") };
+    let _ = writeln!(code, "{indent}{ty} {prefix}r = ({ty})({lin});");
     for d in (0..shape.len()).rev() {
         if d == 0 {
             let _ = writeln!(code, "{indent}const unsigned {prefix}{d} = (unsigned){prefix}r;");
@@ -459,7 +462,7 @@ fn coords_code(indent: &str, lin: &str, shape: &[usize], prefix: &str) -> (Strin
         } else {
             let _ = writeln!(
                 code,
-                "{indent}const unsigned {prefix}{d} = (unsigned)({prefix}r % {n}ull); {prefix}r /= {n}ull;",
+                "{indent}const unsigned {prefix}{d} = (unsigned)({prefix}r % {n}{suf}); {prefix}r /= {n}{suf};",
                 n = shape[d]
             );
         }
@@ -1206,7 +1209,7 @@ mod tests {
     fn coords_decompose_row_major() {
         let (code, names) = coords_code("", "i", &[2, 1, 5], "c");
         assert_eq!(names, vec!["c0", "c1", "c2"]);
-        assert!(code.contains("const unsigned c2 = (unsigned)(cr % 5ull); cr /= 5ull;"));
+        assert!(code.contains("const unsigned c2 = (unsigned)(cr % 5u); cr /= 5u;"));
         assert!(code.contains("const unsigned c1 = 0u;"));
         assert!(code.contains("const unsigned c0 = (unsigned)cr;"));
     }
