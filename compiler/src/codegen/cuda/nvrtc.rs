@@ -96,10 +96,23 @@ pub fn compile_ptx(source: &str, arch: &str, name: &str) -> Result<String> {
     }
 }
 
-/// The `ptxas` on `PATH`, if any.
+/// The executable `ptxas` on `PATH`, if any. (A `ptxas` without its execute bit, as the
+/// nvidia-cuda-nvcc wheel unpacks it, does not count: `chmod +x` it.)
 pub fn find_ptxas() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| is_executable(p))
+}
+
+fn is_executable(p: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        p.is_file()
+    }
 }
 
 static SCRATCH: AtomicUsize = AtomicUsize::new(0);
