@@ -276,6 +276,12 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 
 /// `kernel(kc, a_strip, b_panel, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B (+ C if beta).
 type KernelFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
+/// `kernel_direct(kc, a, lda, b_panel, c, ldc, alpha, beta, mr, nr)`: like `KernelFn`, A unpacked.
+type DirectFn =
+    unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, f32, bool, usize, usize);
+/// Experiment switch: read A unpacked in the microkernel.
+#[doc(hidden)]
+pub static DIRECT_A: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
@@ -286,6 +292,7 @@ pub(crate) struct Arch {
     kernel: KernelFn,
     pack_a: PackAFn,
     epilogue: EpilogueFn,
+    direct: Option<DirectFn>,
 }
 
 impl Arch {
@@ -296,11 +303,13 @@ impl Arch {
                 kernel: avx2::kernel,
                 pack_a: avx2::pack_a,
                 epilogue: avx2::epilogue,
+                direct: Some(avx2::kernel_direct),
             },
             _ => Arch {
                 kernel: scalar::kernel,
                 pack_a: scalar::pack_a,
                 epilogue: scalar::epilogue,
+                direct: None,
             },
         }
     }
@@ -451,6 +460,25 @@ mod avx2 {
                 bp = bp.add(NR);
             }
         }
+        // SAFETY: forwarded.
+        unsafe { store_tile(&acc, c, ldc, alpha, beta, mr, nr) }
+    }
+
+    /// Stores an accumulator tile: C = alpha·acc (+ C if beta), valid part mr×nr only.
+    ///
+    /// # Safety
+    /// AVX2 present; `c` writable for mr rows of nr floats at stride ldc.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_tile(
+        acc: &[[__m256; NV]; MR],
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
         let alpha_v = _mm256_set1_ps(alpha);
         if mr == MR && nr == NR {
             for (i, row) in acc.iter().enumerate() {
@@ -496,6 +524,51 @@ mod avx2 {
                 }
             }
         }
+    }
+
+    /// The 6×16 microkernel reading A unpacked: rows `a + i·lda` (rows ≥ mr repeat row mr-1).
+    ///
+    /// # Safety
+    /// AVX2+FMA present; `a` readable for mr rows of kc floats at stride lda; `b` kc·NR floats; `c`
+    /// writable for mr ≤ MR rows of nr ≤ NR floats at stride ldc.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn kernel_direct(
+        kc: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+        let mut rows = [a; MR];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = a.wrapping_add(i.min(mr - 1) * lda);
+        }
+        let mut bp = b;
+        for p in 0..kc {
+            // SAFETY: p < kc inside each row; kc steps of NR floats inside the panel.
+            unsafe {
+                let mut bv = [_mm256_setzero_ps(); NV];
+                for (v, bvv) in bv.iter_mut().enumerate() {
+                    *bvv = _mm256_loadu_ps(bp.add(v * 8));
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*rows[i].add(p));
+                    for v in 0..NV {
+                        row[v] = _mm256_fmadd_ps(av, bv[v], row[v]);
+                    }
+                }
+                bp = bp.add(NR);
+            }
+        }
+        // SAFETY: forwarded to the shared store code.
+        unsafe { store_tile(&acc, c, ldc, alpha, beta, mr, nr) }
     }
 
     /// Packs mc rows × kc columns of A into MR-row strips, k-major, zero-padded to a multiple of MR rows.
@@ -582,24 +655,45 @@ mod avx2 {
         act: Activation,
     ) {
         for i in 0..rows {
-            let mut j = 0;
-            while j < cols {
-                let m = tail_mask(cols - j);
-                // SAFETY: masked lanes cover columns j..min(j+8, cols) of row i only.
-                unsafe {
-                    let cp = c.add(i * ldc + j);
-                    let mut v = _mm256_maskload_ps(cp, m);
-                    if !e.bias.is_null() {
-                        v = _mm256_add_ps(v, _mm256_maskload_ps(e.bias.add(col0 + j), m));
+            // SAFETY (loop): columns j..j+8 (full vectors) or j..cols (masked tail) of row i, inside
+            // the tile and the bias/residual extents.
+            unsafe {
+                let cp = c.add(i * ldc);
+                let rp = if e.residual.is_null() {
+                    std::ptr::null()
+                } else {
+                    e.residual.add((row0 + i) * e.residual_stride + col0)
+                };
+                let bp = if e.bias.is_null() {
+                    std::ptr::null()
+                } else {
+                    e.bias.add(col0)
+                };
+                let mut j = 0;
+                while j + 8 <= cols {
+                    let mut v = _mm256_loadu_ps(cp.add(j));
+                    if !bp.is_null() {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(bp.add(j)));
                     }
                     v = act8(act, v);
-                    if !e.residual.is_null() {
-                        let rp = e.residual.add((row0 + i) * e.residual_stride + col0 + j);
-                        v = _mm256_add_ps(v, _mm256_maskload_ps(rp, m));
+                    if !rp.is_null() {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(rp.add(j)));
                     }
-                    _mm256_maskstore_ps(cp, m, v);
+                    _mm256_storeu_ps(cp.add(j), v);
+                    j += 8;
                 }
-                j += 8;
+                if j < cols {
+                    let m = tail_mask(cols - j);
+                    let mut v = _mm256_maskload_ps(cp.add(j), m);
+                    if !bp.is_null() {
+                        v = _mm256_add_ps(v, _mm256_maskload_ps(bp.add(j), m));
+                    }
+                    v = act8(act, v);
+                    if !rp.is_null() {
+                        v = _mm256_add_ps(v, _mm256_maskload_ps(rp.add(j), m));
+                    }
+                    _mm256_maskstore_ps(cp.add(j), m, v);
+                }
             }
         }
     }
@@ -676,16 +770,25 @@ pub(crate) unsafe fn gemm_block(
         return;
     }
     let alpha = d.epi.scale;
+    // Equal k blocks of at most KC (k = 384 → 2 × 192 rather than 256 + 128).
+    let kc_step = d.k.div_ceil(d.k.div_ceil(KC));
     let mut kc0 = 0;
     while kc0 < d.k {
-        let kc = KC.min(d.k - kc0);
+        let kc = kc_step.min(d.k - kc0);
         let beta = d.accumulate || kc0 > 0;
         let last = kc0 + kc == d.k;
         let mut mc0 = r0;
         while mc0 < r1 {
             let mc = MC.min(r1 - mc0);
-            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
-            unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
+            let direct = if DIRECT_A.load(std::sync::atomic::Ordering::Relaxed) {
+                arch.direct
+            } else {
+                None
+            };
+            if direct.is_none() {
+                // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
+                unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
+            }
             for p in p0..p1 {
                 let col0 = p * NR;
                 let nr = NR.min(d.n - col0);
@@ -698,7 +801,31 @@ pub(crate) unsafe fn gemm_block(
                     // at ir·kc is inside the packed block.
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        (arch.kernel)(kc, apack.add(ir * kc), bp, cp, d.ldc, alpha, beta, mr, nr);
+                        match direct {
+                            Some(kd) => kd(
+                                kc,
+                                d.a.add((mc0 + ir) * d.lda + kc0),
+                                d.lda,
+                                bp,
+                                cp,
+                                d.ldc,
+                                alpha,
+                                beta,
+                                mr,
+                                nr,
+                            ),
+                            None => (arch.kernel)(
+                                kc,
+                                apack.add(ir * kc),
+                                bp,
+                                cp,
+                                d.ldc,
+                                alpha,
+                                beta,
+                                mr,
+                                nr,
+                            ),
+                        }
                         if last && post {
                             (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                         }

@@ -14,9 +14,10 @@
 //! - `tanh`: for |x| < 0.8, `x + x³·S(x²)` (S of degree 5, relative error 4e-9); above,
 //!   `±(1 - 2/(exp(2|x|) + 1))`, with |x| clamped to 9 (tanh(9) rounds to 1).
 //! - `sigmoid(x) = 1/(1+exp(-x))`, `silu(x) = x·sigmoid(x)`, `gelu_erf(x) = x/2·(1+erf(x/√2))`,
-//!   `gelu_tanh(x) = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`; the GELUs compute `1 + erf(u)` and
-//!   `1 + tanh(u)` for negative u directly as `erfc(|u|)` and `2/(exp(2|u|)+1)`, so they keep
-//!   relative accuracy for negative x instead of cancelling.
+//!   `gelu_tanh(x) = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`. The GELUs avoid the cancellation of
+//!   `1 + erf` / `1 + tanh` for negative x and need one branch only: `gelu_erf(x) = x/2·erfc(-x/√2)`
+//!   with `erfc(a) = exp(-a²)·R₀(1/(1 + a/2))` on [0, 10] (R₀ of degree 9, relative error 3.3e-8)
+//!   and `2 - erfc(a)` for the other sign; `gelu_tanh(x) = x/(1 + exp(-2u))`.
 //!
 //! Maximum errors against f64, measured by `tests/math.rs` (every 257th f32 bit pattern of the range,
 //! both signs; the test asserts slightly looser bounds). Relative error is taken where the f64 value is
@@ -29,8 +30,8 @@
 //! | tanh | [-12, 12] | 8.8e-8 | 6.1e-8 |
 //! | sigmoid | [-87, 87] | 1.4e-7 | 8.9e-8 |
 //! | silu | [-87, 87] | 1.6e-7 | 1.3e-6 (at x≈14) |
-//! | gelu_erf | [-10, 10] | 4.1e-7 | 3.8e-7 |
-//! | gelu_tanh | [-3, 10] / [-10, 10] | 8.5e-7 / 1.2e-5 (tail cond. ≈ 2u) | 3.7e-7 |
+//! | gelu_erf | [-10, 10] | 4.7e-7 | 3.8e-7 (at x≈4.9) |
+//! | gelu_tanh | [-3, 10] / [-10, 10] | 8.4e-7 / 1.2e-5 (tail cond. ≈ 2u) | 5.2e-7 (at x≈4.7) |
 //!
 //! NaN inputs give NaN outputs.
 
@@ -144,6 +145,20 @@ const ERFC_T: [f32; 9] = [
     -1.6410781e-01,
     7.4204974e-02,
 ];
+/// erfc(a) = exp(-a²)·Σ ERFC_T0[i]·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
+/// error 3.3e-8): GELU's single-branch form.
+const ERFC_T0: [f32; 10] = [
+    -6.0047737e-06,
+    2.8222123e-01,
+    2.8109986e-01,
+    2.4978597e-01,
+    1.8127404e-01,
+    1.7028615e-02,
+    2.2125417e-01,
+    -4.4152766e-01,
+    2.6392525e-01,
+    -5.5055503e-02,
+];
 /// Upper end of the erfc fit: erfc(10) = 2e-45, at the bottom of the subnormals.
 const ERFC_MAX: f32 = 10.0;
 
@@ -255,58 +270,34 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// x/2·(1 + erf(x/√2)) (scalar path). For x/√2 ≤ -0.9 the factor `1 + erf` is computed directly as
-/// `erfc(|x|/√2)`, which avoids the cancellation of `1 + erf` for negative x.
+/// x/2·(1 + erf(x/√2)) (scalar path), computed as `x/2·erfc(-x/√2)` in one branch:
+/// `erfc(z) = exp(-z²)·R(1/(1+|z|/2))` for z ≥ 0 and `2 - erfc(|z|)` for z < 0, which keeps relative
+/// accuracy for negative x (no `1 + erf` cancellation). `exp(-x²/2)` is taken from the exact
+/// `x²/2 = hi + lo`, since rounding x/√2 or its square would cost relative accuracy ~x²·2⁻²⁴.
 #[inline]
 pub fn gelu_erf(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
-    let u = x * FRAC_1_SQRT_2;
-    let a = u.abs().min(ERFC_MAX);
-    let t = a * a;
-    let one_plus_erf = if a < ERF_SPLIT {
-        1.0 + (u + u * horner(t, &ERF_SMALL))
-    } else {
-        // exp(-x²/2) from the exact x²/2 = hi + lo: rounding u = x/√2 or u² would cost
-        // relative accuracy ~ x²·2⁻²⁴ in the tail.
+    let a = (x * FRAC_1_SQRT_2).abs();
+    let erfc_a = if a < ERFC_MAX {
         let h = 0.5 * (x as f64) * (x as f64);
-        let (hi, lo) = if a < ERFC_MAX {
-            (h as f32, (h - (h as f32) as f64) as f32)
-        } else {
-            (t, 0.0)
-        };
-        let erfc = exp(-hi) * (1.0 - lo) * horner(1.0 / (1.0 + 0.5 * a), &ERFC_T);
-        if u < 0.0 {
-            erfc
-        } else {
-            2.0 - erfc
-        }
+        let (hi, lo) = (h as f32, (h - (h as f32) as f64) as f32);
+        exp(-hi) * (1.0 - lo) * horner(1.0 / (1.0 + 0.5 * a), &ERFC_T0)
+    } else {
+        0.0
     };
-    0.5 * x * one_plus_erf
+    // z = -x/√2: erfc(z) = erfc(a) when x <= 0, 2 - erfc(a) when x > 0.
+    let two_phi = if x <= 0.0 { erfc_a } else { 2.0 - erfc_a };
+    0.5 * x * two_phi
 }
 
-/// x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) (scalar path). For u = √(2/π)(…) ≤ -0.8 the factor
-/// `1 + tanh(u)` is computed directly as `2/(exp(2|u|) + 1)` (no cancellation).
+/// x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) (scalar path), computed as `x / (1 + exp(-2u))`
+/// (1 + tanh(u) = 2·sigmoid(2u)): no branch and no cancellation.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
     let u = SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x);
-    let a = u.abs();
-    let one_plus_tanh = if a < TANH_SPLIT {
-        let t = a * a;
-        1.0 + (u + u * t * horner(t, &TANH_SMALL))
-    } else {
-        let q = 2.0 / (exp(2.0 * a) + 1.0);
-        if u < 0.0 {
-            q
-        } else {
-            2.0 - q
-        }
-    };
-    0.5 * x * one_plus_tanh
+    x / (1.0 + exp((-2.0 * u).clamp(-87.3, 88.3)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -337,18 +328,22 @@ pub(crate) mod avx2 {
         _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)
     }
 
+    /// 1.5·2²³: adding it rounds a float in ±2²² to an integer held in the low mantissa bits.
+    const ROUND_MAGIC: f32 = 12_582_912.0;
+
+    /// e^x, full range: x > 88.72 gives +inf (the clamp at 100 keeps the two-step scale exact and
+    /// lets 2⁶⁴·2⁶⁴ overflow), results down to the subnormals are produced, NaN propagates (the
+    /// min/max operand order returns the NaN operand).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn exp8(x: __m256) -> __m256 {
-        let nan = is_nan(x);
-        let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_MAX));
         let xc = _mm256_max_ps(
-            _mm256_min_ps(x, _mm256_set1_ps(EXP_MAX)),
             _mm256_set1_ps(EXP_MIN),
+            _mm256_min_ps(_mm256_set1_ps(100.0), x),
         );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)),
-        );
+        let magic = _mm256_set1_ps(ROUND_MAGIC);
+        let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), magic);
+        let n = _mm256_sub_ps(t, magic);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
         let p = horner8(r, &EXP_P);
@@ -356,15 +351,38 @@ pub(crate) mod avx2 {
             _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
             _mm256_set1_ps(1.0),
         );
-        let ni = _mm256_cvtps_epi32(n);
+        let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
         let n1 = _mm256_srai_epi32::<1>(ni);
         let n2 = _mm256_sub_epi32(ni, n1);
         let bias = _mm256_set1_epi32(127);
         let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
         let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-        let y = _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
-        let y = _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), over);
-        _mm256_blendv_ps(y, x, nan)
+        _mm256_mul_ps(_mm256_mul_ps(y, s1), s2)
+    }
+
+    /// e^x for the internal uses (softmax, erf, tanh, GELU, sigmoid): inputs clamped to
+    /// [-87.3, 88.3] (results stay normal: below e^-87.3 the callers' answers are under 1e-37),
+    /// one scaling step, NaN propagates. Same accuracy as `exp8` inside that range.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub fn exp8_lean(x: __m256) -> __m256 {
+        let xc = _mm256_max_ps(
+            _mm256_set1_ps(-87.3),
+            _mm256_min_ps(_mm256_set1_ps(88.3), x),
+        );
+        // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
+        let magic = _mm256_set1_ps(ROUND_MAGIC + 127.0);
+        let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), magic);
+        let n = _mm256_sub_ps(t, magic);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let p = horner8(r, &EXP_P);
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)));
+        _mm256_mul_ps(y, s)
     }
 
     #[inline]
@@ -388,7 +406,7 @@ pub(crate) mod avx2 {
         let one = _mm256_set1_ps(1.0);
         let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, _mm256_set1_ps(0.5), one));
         _mm256_mul_ps(
-            exp8(_mm256_sub_ps(_mm256_setzero_ps(), t)),
+            exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), t)),
             horner8(v, &ERFC_T),
         )
     }
@@ -422,7 +440,7 @@ pub(crate) mod avx2 {
             return ys;
         }
         let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_add_ps(a, a));
+        let e = exp8_lean(_mm256_add_ps(a, a));
         let yb = copysign8(
             _mm256_sub_ps(
                 one,
@@ -445,7 +463,7 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub fn sigmoid8(x: __m256) -> __m256 {
         let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let e = exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), x));
         _mm256_div_ps(one, _mm256_add_ps(one, e))
     }
 
@@ -453,71 +471,47 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub fn silu8(x: __m256) -> __m256 {
         let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let e = exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), x));
         _mm256_div_ps(x, _mm256_add_ps(one, e))
     }
 
+    /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu_erf8(x: __m256) -> __m256 {
         let one = _mm256_set1_ps(1.0);
-        let u = _mm256_mul_ps(x, _mm256_set1_ps(FRAC_1_SQRT_2));
-        let a = _mm256_min_ps(abs8(u), _mm256_set1_ps(ERFC_MAX));
-        let t = _mm256_mul_ps(a, a);
-        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(ERF_SPLIT));
-        let fs = _mm256_add_ps(one, _mm256_fmadd_ps(u, horner8(t, &ERF_SMALL), u));
-        let f = if _mm256_movemask_ps(small) == 0xff {
-            fs
-        } else {
-            // exp(-x²/2) from the exact x²/2 = hi + lo (see the scalar gelu_erf).
-            let x2 = _mm256_mul_ps(x, x);
-            let x2lo = _mm256_fmsub_ps(x, x, x2);
-            let half = _mm256_set1_ps(0.5);
-            let clamped = _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(ERFC_MAX));
-            let hi = _mm256_blendv_ps(_mm256_mul_ps(x2, half), t, clamped);
-            let lo = _mm256_andnot_ps(clamped, _mm256_mul_ps(x2lo, half));
-            let one = _mm256_set1_ps(1.0);
-            let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, half, one));
-            let e = _mm256_mul_ps(
-                exp8(_mm256_sub_ps(_mm256_setzero_ps(), hi)),
-                _mm256_sub_ps(one, lo),
-            );
-            let erfc = _mm256_mul_ps(e, horner8(v, &ERFC_T));
-            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(u, _mm256_setzero_ps());
-            let fb = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), erfc), erfc, neg);
-            _mm256_blendv_ps(fb, fs, small)
-        };
-        let y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5)), f);
-        _mm256_blendv_ps(y, x, is_nan(x))
+        let half = _mm256_set1_ps(0.5);
+        // min(10, |u|) with the NaN operand second: NaN propagates.
+        let a = _mm256_min_ps(
+            _mm256_set1_ps(ERFC_MAX),
+            abs8(_mm256_mul_ps(x, _mm256_set1_ps(FRAC_1_SQRT_2))),
+        );
+        let x2 = _mm256_mul_ps(x, x);
+        let x2lo = _mm256_fmsub_ps(x, x, x2);
+        let hi = _mm256_mul_ps(x2, half);
+        let lo = _mm256_mul_ps(x2lo, half);
+        let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, half, one));
+        // exp8_lean clamps -hi at -87.3: beyond, erfc(a)·x is below 1e-37 anyway.
+        let e = _mm256_mul_ps(
+            exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), hi)),
+            _mm256_sub_ps(one, lo),
+        );
+        let erfc_a = _mm256_mul_ps(e, horner8(v, &ERFC_T0));
+        let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
+        let two_phi = _mm256_blendv_ps(erfc_a, _mm256_sub_ps(_mm256_set1_ps(2.0), erfc_a), pos);
+        _mm256_mul_ps(_mm256_mul_ps(x, half), two_phi)
     }
 
+    /// See the scalar `gelu_tanh`: `x / (1 + exp(-2u))`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu_tanh8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let two = _mm256_set1_ps(2.0);
         let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        let u = _mm256_mul_ps(
+        let u2 = _mm256_mul_ps(
             _mm256_fmadd_ps(x3, _mm256_set1_ps(GELU_TANH_C), x),
-            _mm256_set1_ps(SQRT_2_OVER_PI),
+            _mm256_set1_ps(-2.0 * SQRT_2_OVER_PI),
         );
-        let a = abs8(u);
-        let t = _mm256_mul_ps(a, a);
-        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(TANH_SPLIT));
-        let fs = _mm256_add_ps(
-            one,
-            _mm256_fmadd_ps(_mm256_mul_ps(u, t), horner8(t, &TANH_SMALL), u),
-        );
-        let f = if _mm256_movemask_ps(small) == 0xff {
-            fs
-        } else {
-            let q = _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one));
-            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(u, _mm256_setzero_ps());
-            let fb = _mm256_blendv_ps(_mm256_sub_ps(two, q), q, neg);
-            _mm256_blendv_ps(fb, fs, small)
-        };
-        let y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5)), f);
-        _mm256_blendv_ps(y, x, is_nan(x))
+        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), exp8_lean(u2)))
     }
 
     /// The activation of eight lanes.
@@ -553,6 +547,21 @@ pub(crate) mod avx2 {
             #[target_feature(enable = "avx2,fma")]
             pub unsafe fn $name(x: *const f32, y: *mut f32, n: usize) {
                 let mut i = 0;
+                while i + 32 <= n {
+                    // SAFETY: i + 32 <= n, within the caller's ranges. Four independent vectors per
+                    // step give the out-of-order core more independent work.
+                    unsafe {
+                        let a = $f(_mm256_loadu_ps(x.add(i)));
+                        let b = $f(_mm256_loadu_ps(x.add(i + 8)));
+                        let c = $f(_mm256_loadu_ps(x.add(i + 16)));
+                        let d = $f(_mm256_loadu_ps(x.add(i + 24)));
+                        _mm256_storeu_ps(y.add(i), a);
+                        _mm256_storeu_ps(y.add(i + 8), b);
+                        _mm256_storeu_ps(y.add(i + 16), c);
+                        _mm256_storeu_ps(y.add(i + 24), d);
+                    }
+                    i += 32;
+                }
                 while i + 8 <= n {
                     // SAFETY: i + 8 <= n, within the caller's ranges.
                     unsafe { _mm256_storeu_ps(y.add(i), $f(_mm256_loadu_ps(x.add(i)))) };
@@ -730,7 +739,7 @@ pub fn softmax_rows(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2_softmax {
-    use super::avx2::{exp8, tail_mask};
+    use super::avx2::{exp8_lean, tail_mask};
     use std::arch::x86_64::*;
 
     #[inline]
@@ -778,7 +787,7 @@ mod avx2_softmax {
             let m = tail_mask(n - i);
             // SAFETY: masked lanes stay below n.
             unsafe {
-                let e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
+                let e = exp8_lean(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
                 let e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
                 _mm256_maskstore_ps(x.add(i), m, e);
                 sv = _mm256_add_ps(sv, e);

@@ -214,10 +214,10 @@ fn sigmoid_silu_sweep() {
 
 #[test]
 fn gelu_sweep() {
+    // Both GELUs are computed without the `1 + erf` / `1 + tanh` cancellation, so the relative
+    // error is bounded over the whole range (down to results of 1e-30).
     let xs = sweep(10.0, 257);
     for isa in isas() {
-        // erf is clamped at |x/√2| = 4: below x = -5.6 GELU is under 2e-8·|x| and only its absolute
-        // error is bounded.
         let e = measure(
             Unary::Act(Activation::GeluErf),
             isa,
@@ -232,14 +232,6 @@ fn gelu_sweep() {
             e.max_rel,
             e.at_rel
         );
-        assert!(
-            e.max_abs < 5.0e-7,
-            "gelu_erf abs error {:e} at {:e}",
-            e.max_abs,
-            e.at_abs
-        );
-        // gelu_tanh's tail is exp(-2u) with u ≈ 0.0356·x³: its condition number 2u makes the f32
-        // rounding of u alone cost ~2u·2⁻²⁴ relative, so the relative bound is tight only for x ≥ -3.
         let e = measure(
             Unary::Act(Activation::GeluTanh),
             isa,
@@ -254,12 +246,8 @@ fn gelu_sweep() {
             e.max_rel,
             e.at_rel
         );
-        assert!(
-            e.max_abs < 5.0e-7,
-            "gelu_tanh abs error {:e} at {:e}",
-            e.max_abs,
-            e.at_abs
-        );
+        // Below x = -3 the tail exp(-2u), u ≈ 0.0356·x³, has condition number 2u: rounding u in f32
+        // alone costs ~2u·2⁻²⁴ relative.
         let e = measure(
             Unary::Act(Activation::GeluTanh),
             isa,
