@@ -65,6 +65,23 @@ enum Cmd {
         #[arg(long)]
         dump_after: Option<String>,
     },
+    /// Time one forward pass per bucket after warm-up (full-length sequences): prints the
+    /// lowering time and `median N ms`.
+    Bench {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Buckets, e.g. `1x128,8x128` (batch x seq).
+        #[arg(long, value_delimiter = ',', default_value = "1x128")]
+        bucket: Vec<String>,
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: BackendKind,
+        /// Threads (default: every core; 1 = single-threaded, no pool).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Timed runs per bucket, after the warm-up runs.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+    },
     /// Verify a plan artifact and describe it: header, buckets, kernels, code and arena bytes.
     Inspect {
         /// The `.kiln` file.
@@ -97,7 +114,8 @@ fn run(cli: Cli) -> Result<()> {
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
             let embeddings = match backend {
                 BackendKind::Reference => embed_with(ReferenceBackend, &m, &texts)?,
-                BackendKind::Cpu | BackendKind::Cuda => {
+                BackendKind::Cuda => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
+                BackendKind::Cpu => {
                     return Err(Error::Unsupported(format!("backend {backend:?} is not available in this build")))
                 }
             };
@@ -124,7 +142,78 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Inspect { plan } => inspect(&plan),
+        Cmd::Bench { model, bucket, backend, threads, runs } => bench(model, &bucket, backend, threads, runs),
     }
+}
+
+/// `kiln bench`: lowers each bucket once, warms up, then times `runs` forward passes.
+fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threads: Option<usize>, runs: usize) -> Result<()> {
+    use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+    use kiln_runtime::cpu::Threads;
+    let dir = resolve_model(model)?;
+    let m = SentenceModel::open(&dir, BertOutputs::default())?;
+    let weights = m.load_weights()?;
+    let buckets = buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
+    match backend {
+        BackendKind::Cpu => {
+            let threads = match threads {
+                None => Threads::Auto,
+                Some(1) => Threads::Single,
+                Some(n) => Threads::Count(n),
+            };
+            let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+            let w = be.upload(&weights, &m.graph)?;
+            for b in buckets {
+                let (mut plan, t) = be.lower_timed(&w, &m.graph, b)?;
+                println!(
+                    "bucket {b}: lowering {:.1} ms (middle-end {:.1}, codegen {:.1}, load + weight prep {:.1})",
+                    t.pipeline_ms + t.codegen_ms + t.load_ms,
+                    t.pipeline_ms,
+                    t.codegen_ms,
+                    t.load_ms
+                );
+                bench_runs(&be, &mut plan, &m.graph, b, runs, be.threads())?;
+            }
+        }
+        BackendKind::Reference => {
+            let w = ReferenceBackend.upload(&weights, &m.graph)?;
+            for b in buckets {
+                let mut plan = ReferenceBackend.lower(&w, &m.graph, b)?;
+                bench_runs(&ReferenceBackend, &mut plan, &m.graph, b, runs, 1)?;
+            }
+        }
+        BackendKind::Cuda => return Err(Error::Unsupported("backend cuda is not available in this build".into())),
+    }
+    Ok(())
+}
+
+fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Graph, b: Bucket, runs: usize, threads: usize) -> Result<()> {
+    // Full-length rows of in-vocabulary ids: [CLS] then arbitrary word pieces.
+    let seqs: Vec<Vec<i64>> =
+        (0..b.batch).map(|r| (0..b.seq).map(|t| if t == 0 { 101 } else { 1000 + ((r * 7919 + t * 104729) % 20000) as i64 }).collect()).collect();
+    let batch = kiln_runtime::Batch::from_token_ids(graph, &seqs)?;
+    let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
+    let warm = std::time::Instant::now();
+    let mut warmups = 0;
+    while warmups < 3 || (warm.elapsed().as_secs_f64() < 0.5 && warmups < 50) {
+        be.run(plan, &batch, &mut out)?;
+        warmups += 1;
+    }
+    let mut ms = Vec::with_capacity(runs.max(1));
+    for _ in 0..runs.max(1) {
+        let t = std::time::Instant::now();
+        be.run(plan, &batch, &mut out)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "bucket {b}: median {:.3} ms (min {:.3}, max {:.3}, {} runs, {threads} thread(s))",
+        ms[ms.len() / 2],
+        ms[0],
+        ms[ms.len() - 1],
+        ms.len()
+    );
+    Ok(())
 }
 
 fn inspect(path: &std::path::Path) -> Result<()> {
