@@ -101,7 +101,7 @@ fn thread_cpu_time() -> Option<f64> {
     };
     // SAFETY: libc's clock_gettime (linked by std on Linux) writes one timespec to a valid pointer.
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -231,10 +231,6 @@ fn attention_runner<'a>(
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--ab") {
-        ab_direct();
-        return;
-    }
     let quick = std::env::args().any(|a| a == "--quick");
     let min_time = Duration::from_millis(if quick { 300 } else { 1500 });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -351,64 +347,4 @@ fn main() {
             flops / t[1] / 1e9
         );
     }
-}
-
-// appended experiment
-fn ab_direct() {
-    use std::sync::atomic::Ordering;
-    let isa = detect_isa();
-    let pool2 = ThreadPool::new(2);
-    for &(m, k, n) in &[
-        (128usize, 384usize, 384usize),
-        (128, 384, 1536),
-        (128, 1536, 384),
-        (1024, 384, 1536),
-    ] {
-        let a = rand_vec(m * k, 1);
-        let w = rand_vec(n * k, 2);
-        let pb = pack_b(&w, k, n, k, true).expect("pack");
-        let mut c = vec![0.0f32; m * n];
-        let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
-        let flops = 2.0 * (m * n * k) as f64;
-        let mut best = [[f64::INFINITY; 2]; 2];
-        for rep in 0..40 {
-            for direct in [false, true] {
-                kiln_kernels::gemm::DIRECT_A.store(direct, Ordering::Relaxed);
-                for (ti, pool) in [None, Some(&pool2)].into_iter().enumerate() {
-                    let t0 = Instant::now();
-                    for _ in 0..3 {
-                        gemm_split(
-                            m,
-                            k,
-                            n,
-                            &a,
-                            k,
-                            pb.as_slice(),
-                            &mut c,
-                            n,
-                            false,
-                            &EpilogueRef::default(),
-                            &mut scratch,
-                            pool,
-                            isa,
-                            Split::Auto,
-                        )
-                        .unwrap();
-                    }
-                    let dt = t0.elapsed().as_secs_f64() / 3.0;
-                    let b = &mut best[direct as usize][ti];
-                    *b = b.min(dt);
-                }
-            }
-            let _ = rep;
-        }
-        println!(
-            "{m}×{k}·{k}×{n}: packed 1T {:.1} 2T {:.1} | direct 1T {:.1} 2T {:.1} GF/s",
-            flops / best[0][0] / 1e9,
-            flops / best[0][1] / 1e9,
-            flops / best[1][0] / 1e9,
-            flops / best[1][1] / 1e9
-        );
-    }
-    kiln_kernels::gemm::DIRECT_A.store(false, Ordering::Relaxed);
 }

@@ -276,12 +276,6 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 
 /// `kernel(kc, a_strip, b_panel, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B (+ C if beta).
 type KernelFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
-/// `kernel_direct(kc, a, lda, b_panel, c, ldc, alpha, beta, mr, nr)`: like `KernelFn`, A unpacked.
-type DirectFn =
-    unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, f32, bool, usize, usize);
-/// Experiment switch: read A unpacked in the microkernel.
-#[doc(hidden)]
-pub static DIRECT_A: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
@@ -292,7 +286,6 @@ pub(crate) struct Arch {
     kernel: KernelFn,
     pack_a: PackAFn,
     epilogue: EpilogueFn,
-    direct: Option<DirectFn>,
 }
 
 impl Arch {
@@ -303,13 +296,11 @@ impl Arch {
                 kernel: avx2::kernel,
                 pack_a: avx2::pack_a,
                 epilogue: avx2::epilogue,
-                direct: Some(avx2::kernel_direct),
             },
             _ => Arch {
                 kernel: scalar::kernel,
                 pack_a: scalar::pack_a,
                 epilogue: scalar::epilogue,
-                direct: None,
             },
         }
     }
@@ -526,51 +517,6 @@ mod avx2 {
         }
     }
 
-    /// The 6×16 microkernel reading A unpacked: rows `a + i·lda` (rows ≥ mr repeat row mr-1).
-    ///
-    /// # Safety
-    /// AVX2+FMA present; `a` readable for mr rows of kc floats at stride lda; `b` kc·NR floats; `c`
-    /// writable for mr ≤ MR rows of nr ≤ NR floats at stride ldc.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel_direct(
-        kc: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        alpha: f32,
-        beta: bool,
-        mr: usize,
-        nr: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
-        let mut rows = [a; MR];
-        for (i, r) in rows.iter_mut().enumerate() {
-            *r = a.wrapping_add(i.min(mr - 1) * lda);
-        }
-        let mut bp = b;
-        for p in 0..kc {
-            // SAFETY: p < kc inside each row; kc steps of NR floats inside the panel.
-            unsafe {
-                let mut bv = [_mm256_setzero_ps(); NV];
-                for (v, bvv) in bv.iter_mut().enumerate() {
-                    *bvv = _mm256_loadu_ps(bp.add(v * 8));
-                }
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let av = _mm256_broadcast_ss(&*rows[i].add(p));
-                    for v in 0..NV {
-                        row[v] = _mm256_fmadd_ps(av, bv[v], row[v]);
-                    }
-                }
-                bp = bp.add(NR);
-            }
-        }
-        // SAFETY: forwarded to the shared store code.
-        unsafe { store_tile(&acc, c, ldc, alpha, beta, mr, nr) }
-    }
-
     /// Packs mc rows × kc columns of A into MR-row strips, k-major, zero-padded to a multiple of MR rows.
     ///
     /// # Safety
@@ -583,7 +529,8 @@ mod avx2 {
         while s < mc {
             let mr = MR.min(mc - s);
             if mr == MR {
-                // 8 columns at a time: load 8 floats of each of the 6 rows, write 8 groups of 6.
+                // 8 columns at a time: load 8 floats of each of the 6 rows, transpose in registers,
+                // write 8 groups of 6.
                 let mut p = 0;
                 while p + 8 <= kc {
                     // SAFETY: rows s..s+6 < mc, columns p..p+8 <= kc; 48 floats written at d.
@@ -596,16 +543,43 @@ mod avx2 {
                             _mm256_loadu_ps(a.add((s + 4) * lda + p)),
                             _mm256_loadu_ps(a.add((s + 5) * lda + p)),
                         ];
-                        let mut t = [0.0f32; 8 * MR];
-                        // t[i*8 + q] = row i, column q; then gather by column.
-                        for (i, v) in r.iter().enumerate() {
-                            _mm256_storeu_ps(t.as_mut_ptr().add(i * 8), *v);
+                        // 8×8 transpose with two zero rows: c[q] = column q = (r0[q], …, r5[q], 0, 0).
+                        let z = _mm256_setzero_ps();
+                        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                        let u4 = _mm256_shuffle_ps::<0x44>(t4, z);
+                        let u5 = _mm256_shuffle_ps::<0xEE>(t4, z);
+                        let u6 = _mm256_shuffle_ps::<0x44>(t5, z);
+                        let u7 = _mm256_shuffle_ps::<0xEE>(t5, z);
+                        let c = [
+                            _mm256_permute2f128_ps::<0x20>(u0, u4),
+                            _mm256_permute2f128_ps::<0x20>(u1, u5),
+                            _mm256_permute2f128_ps::<0x20>(u2, u6),
+                            _mm256_permute2f128_ps::<0x20>(u3, u7),
+                            _mm256_permute2f128_ps::<0x31>(u0, u4),
+                            _mm256_permute2f128_ps::<0x31>(u1, u5),
+                            _mm256_permute2f128_ps::<0x31>(u2, u6),
+                            _mm256_permute2f128_ps::<0x31>(u3, u7),
+                        ];
+                        // Column q goes to d[6q..6q+6]. An 8-float store also writes two floats of
+                        // column q+1's slot, which the next store overwrites; the last column is
+                        // stored as 4 + 2 floats so nothing past the 48-float block is written.
+                        for (q, cq) in c.iter().enumerate().take(7) {
+                            _mm256_storeu_ps(d.add(q * MR), *cq);
                         }
-                        for q in 0..8 {
-                            for i in 0..MR {
-                                *d.add(q * MR + i) = t[i * 8 + q];
-                            }
-                        }
+                        _mm_storeu_ps(d.add(7 * MR), _mm256_castps256_ps128(c[7]));
+                        _mm_storel_epi64(
+                            d.add(7 * MR + 4).cast(),
+                            _mm_castps_si128(_mm256_extractf128_ps::<1>(c[7])),
+                        );
                         d = d.add(8 * MR);
                     }
                     p += 8;
@@ -780,15 +754,8 @@ pub(crate) unsafe fn gemm_block(
         let mut mc0 = r0;
         while mc0 < r1 {
             let mc = MC.min(r1 - mc0);
-            let direct = if DIRECT_A.load(std::sync::atomic::Ordering::Relaxed) {
-                arch.direct
-            } else {
-                None
-            };
-            if direct.is_none() {
-                // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
-                unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
-            }
+            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
+            unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
             for p in p0..p1 {
                 let col0 = p * NR;
                 let nr = NR.min(d.n - col0);
@@ -801,31 +768,7 @@ pub(crate) unsafe fn gemm_block(
                     // at ir·kc is inside the packed block.
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        match direct {
-                            Some(kd) => kd(
-                                kc,
-                                d.a.add((mc0 + ir) * d.lda + kc0),
-                                d.lda,
-                                bp,
-                                cp,
-                                d.ldc,
-                                alpha,
-                                beta,
-                                mr,
-                                nr,
-                            ),
-                            None => (arch.kernel)(
-                                kc,
-                                apack.add(ir * kc),
-                                bp,
-                                cp,
-                                d.ldc,
-                                alpha,
-                                beta,
-                                mr,
-                                nr,
-                            ),
-                        }
+                        (arch.kernel)(kc, apack.add(ir * kc), bp, cp, d.ldc, alpha, beta, mr, nr);
                         if last && post {
                             (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                         }
