@@ -3,10 +3,9 @@
 //! so only `ROW_BLOCK × seq_k` scores ever exist.
 //!
 //! Per head: Kᵀ and V are packed once into GEMM B panels (scratch). Per row block:
-//! 1. `S = scale·Q_blk·Kᵀ` with the GEMM microkernel; the additive mask is added by the GEMM
-//!    epilogue while each score tile is hot (as a per-column bias when the mask is one row broadcast
-//!    over queries, as a residual when it has a row stride);
-//! 2. each score row becomes `exp(s - max)` with its sum (exact two-pass softmax on the row);
+//! 1. `S = scale·Q_blk·Kᵀ` with the GEMM microkernel (scale folded into the tile store);
+//! 2. each score row gets its mask row added in the max pass, then becomes `exp(s - max)` with its
+//!    sum (exact two-pass softmax on the row, in L1);
 //! 3. `O_blk = P·V` with the microkernel, then each output row is scaled by 1/sum.
 //!
 //! A fully masked row (all scores -inf) gives an all-zero output row.
@@ -20,7 +19,7 @@ use crate::threadpool::ThreadPool;
 use crate::{Isa, KernelError};
 
 /// Query rows per block (a multiple of the microkernel's MR).
-pub const ROW_BLOCK: usize = 48;
+pub const ROW_BLOCK: usize = 96;
 const SLACK: usize = 16;
 
 /// Sizes of one attention head.
@@ -113,18 +112,6 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                 r0 += rb;
                 continue;
             }
-            let mut epi = Epilogue {
-                scale: h.scale,
-                ..Epilogue::NONE
-            };
-            if !h.mask.is_null() {
-                if h.strides.mask == 0 {
-                    epi.bias = h.mask;
-                } else {
-                    epi.residual = h.mask.add(r0 * h.strides.mask);
-                    epi.residual_stride = h.strides.mask;
-                }
-            }
             let sd = GemmDesc {
                 m: rb,
                 n: sk,
@@ -135,12 +122,20 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                 c: s,
                 ldc: sk,
                 accumulate: false,
-                epi,
+                epi: Epilogue {
+                    scale: h.scale,
+                    ..Epilogue::NONE
+                },
                 act: Activation::None,
             };
             gemm_block(&sd, 0, rb, 0, sk.div_ceil(NR), apack, arch);
             for i in 0..rb {
-                let (_, sum) = exp_shift_sum_raw(s.add(i * sk), sk, isa);
+                let mrow = if h.mask.is_null() {
+                    std::ptr::null()
+                } else {
+                    h.mask.add((r0 + i) * h.strides.mask)
+                };
+                let (_, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
                 *inv.add(i) = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             }
             let od = GemmDesc {

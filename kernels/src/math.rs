@@ -650,20 +650,31 @@ pub fn map_inplace(f: Unary, x: &mut [f32]) {
 // ---------------------------------------------------------------------------------------------
 // Softmax rows
 
-/// Replaces `x[0..n]` by `exp(x - max)` and returns `(max, sum)`. A row whose max is -inf (fully
-/// masked) is set to zeros and returns sum 0.
+/// Adds `mask[0..n]` (if not null) to `x[0..n]`, replaces it by `exp(x - max)` and returns
+/// `(max, sum)`. A row whose max is -inf (fully masked) is set to zeros and returns sum 0.
 ///
 /// # Safety
-/// `x` readable and writable for `n` floats.
-pub(crate) unsafe fn exp_shift_sum_raw(x: *mut f32, n: usize, isa: crate::Isa) -> (f32, f32) {
+/// `x` readable and writable for `n` floats; `mask` null or readable for `n` floats.
+pub(crate) unsafe fn exp_shift_sum_raw(
+    x: *mut f32,
+    mask: *const f32,
+    n: usize,
+    isa: crate::Isa,
+) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if crate::effective_isa(isa) == crate::Isa::Avx2Fma {
         // SAFETY: AVX2+FMA detected; pointer contract forwarded.
-        return unsafe { avx2_softmax::exp_shift_sum(x, n) };
+        return unsafe { avx2_softmax::exp_shift_sum(x, mask, n) };
     }
     let _ = isa;
     // SAFETY: n floats at x (caller contract).
     let row = unsafe { std::slice::from_raw_parts_mut(x, n) };
+    if !mask.is_null() {
+        for (j, v) in row.iter_mut().enumerate() {
+            // SAFETY: j < n floats at mask (caller contract).
+            *v += unsafe { *mask.add(j) };
+        }
+    }
     let mx = row
         .iter()
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
@@ -695,7 +706,7 @@ pub(crate) unsafe fn softmax_rows_raw(
         // SAFETY: row r of the view.
         unsafe {
             let p = x.add(r * ld);
-            let (_, sum) = exp_shift_sum_raw(p, cols, isa);
+            let (_, sum) = exp_shift_sum_raw(p, std::ptr::null(), cols, isa);
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             scale_raw(p, cols, inv, isa);
         }
@@ -761,40 +772,85 @@ mod avx2_softmax {
     }
 
     /// # Safety
-    /// AVX2+FMA present; `x` readable and writable for `n` floats.
+    /// AVX2+FMA present; `x` readable and writable for `n` floats; `mask` null or readable for `n`.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn exp_shift_sum(x: *mut f32, n: usize) -> (f32, f32) {
+    pub(crate) unsafe fn exp_shift_sum(x: *mut f32, mask: *const f32, n: usize) -> (f32, f32) {
+        // Full vectors use plain loads/stores; only the tail is masked (AMD's masked stores are
+        // slow). Two accumulators per pass hide the max/add latency.
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut mv = ninf;
+        let (mut m0, mut m1) = (ninf, ninf);
         let mut i = 0;
-        while i < n {
-            let m = tail_mask(n - i);
-            // SAFETY: masked lanes stay below n; masked-off lanes read as 0 and are replaced by -inf.
-            let v = unsafe { _mm256_maskload_ps(x.add(i), m) };
-            mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
-            i += 8;
+        // SAFETY (both passes): full vectors at i + 8 <= n, tail lanes masked to < n.
+        unsafe {
+            if !mask.is_null() {
+                // Masked: x += mask first, taking the max on the way.
+                while i + 8 <= n {
+                    let v = _mm256_add_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(mask.add(i)));
+                    _mm256_storeu_ps(x.add(i), v);
+                    m0 = _mm256_max_ps(m0, v);
+                    i += 8;
+                }
+                if i < n {
+                    let m = tail_mask(n - i);
+                    let v = _mm256_add_ps(
+                        _mm256_maskload_ps(x.add(i), m),
+                        _mm256_maskload_ps(mask.add(i), m),
+                    );
+                    _mm256_maskstore_ps(x.add(i), m, v);
+                    i = n;
+                    m1 = _mm256_max_ps(m1, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
+                }
+            }
+            while i + 16 <= n {
+                m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x.add(i)));
+                m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x.add(i + 8)));
+                i += 16;
+            }
+            while i + 8 <= n {
+                m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x.add(i)));
+                i += 8;
+            }
+            if i < n {
+                let m = tail_mask(n - i);
+                let v = _mm256_maskload_ps(x.add(i), m);
+                m1 = _mm256_max_ps(m1, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
+            }
         }
-        let mx = hmax(mv);
+        let mx = hmax(_mm256_max_ps(m0, m1));
         if mx == f32::NEG_INFINITY {
             // SAFETY: n floats at x.
             unsafe { std::ptr::write_bytes(x, 0, n) };
             return (mx, 0.0);
         }
         let mxv = _mm256_set1_ps(mx);
-        let mut sv = _mm256_setzero_ps();
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         i = 0;
-        while i < n {
-            let m = tail_mask(n - i);
-            // SAFETY: masked lanes stay below n.
-            unsafe {
+        // SAFETY: as above.
+        unsafe {
+            while i + 16 <= n {
+                let e0 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
+                let e1 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), mxv));
+                _mm256_storeu_ps(x.add(i), e0);
+                _mm256_storeu_ps(x.add(i + 8), e1);
+                s0 = _mm256_add_ps(s0, e0);
+                s1 = _mm256_add_ps(s1, e1);
+                i += 16;
+            }
+            while i + 8 <= n {
+                let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
+                _mm256_storeu_ps(x.add(i), e);
+                s0 = _mm256_add_ps(s0, e);
+                i += 8;
+            }
+            if i < n {
+                let m = tail_mask(n - i);
                 let e = exp8_lean(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
                 let e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
                 _mm256_maskstore_ps(x.add(i), m, e);
-                sv = _mm256_add_ps(sv, e);
+                s1 = _mm256_add_ps(s1, e);
             }
-            i += 8;
         }
-        (mx, hsum(sv))
+        (mx, hsum(_mm256_add_ps(s0, s1)))
     }
 
     /// # Safety
@@ -803,17 +859,20 @@ mod avx2_softmax {
     pub(crate) unsafe fn scale(x: *mut f32, n: usize, s: f32) {
         let sv = _mm256_set1_ps(s);
         let mut i = 0;
-        while i < n {
-            let m = tail_mask(n - i);
-            // SAFETY: masked lanes stay below n.
-            unsafe {
+        // SAFETY: full vectors at i + 8 <= n, tail lanes masked to < n.
+        unsafe {
+            while i + 8 <= n {
+                _mm256_storeu_ps(x.add(i), _mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sv));
+                i += 8;
+            }
+            if i < n {
+                let m = tail_mask(n - i);
                 _mm256_maskstore_ps(
                     x.add(i),
                     m,
                     _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sv),
-                )
-            };
-            i += 8;
+                );
+            }
         }
     }
 }
