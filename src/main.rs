@@ -81,6 +81,9 @@ enum Cmd {
         /// Timed runs per bucket, after the warm-up runs.
         #[arg(long, default_value_t = 30)]
         runs: usize,
+        /// Also print the time of every kernel (cpu backend).
+        #[arg(long)]
+        profile: bool,
     },
     /// Verify a plan artifact and describe it: header, buckets, kernels, code and arena bytes.
     Inspect {
@@ -142,12 +145,12 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Inspect { plan } => inspect(&plan),
-        Cmd::Bench { model, bucket, backend, threads, runs } => bench(model, &bucket, backend, threads, runs),
+        Cmd::Bench { model, bucket, backend, threads, runs, profile } => bench(model, &bucket, backend, threads, runs, profile),
     }
 }
 
 /// `kiln bench`: lowers each bucket once, warms up, then times `runs` forward passes.
-fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threads: Option<usize>, runs: usize) -> Result<()> {
+fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threads: Option<usize>, runs: usize, profile: bool) -> Result<()> {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::Threads;
     let dir = resolve_model(model)?;
@@ -173,6 +176,17 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                     t.load_ms
                 );
                 bench_runs(&be, &mut plan, &m.graph, b, runs, be.threads())?;
+                if profile {
+                    let seqs = vec![vec![101i64; b.seq]; b.batch];
+                    let batch = kiln_runtime::Batch::from_token_ids(&m.graph, &seqs)?;
+                    let mut out = kiln_runtime::Outputs::for_bucket(&m.graph, b);
+                    let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
+                    let total: f64 = p.iter().map(|x| x.1).sum();
+                    p.sort_by(|a, b| b.1.total_cmp(&a.1));
+                    for (name, ms) in p.iter() {
+                        println!("  {ms:9.3} ms {:5.1}%  {name}", 100.0 * ms / total);
+                    }
+                }
             }
         }
         BackendKind::Reference => {

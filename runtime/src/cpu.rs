@@ -327,6 +327,27 @@ impl CpuExecutable {
         outputs: &mut [HostTensor],
         pool: &dyn Parallel,
     ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.run_timed(weights, table, inputs, outputs, pool, None) }
+    }
+
+    /// [`CpuExecutable::run`] that also adds each step's wall time (seconds) to `times`
+    /// (one entry per step) when given.
+    ///
+    /// # Safety
+    /// As for [`CpuExecutable::run`].
+    pub unsafe fn run_timed(
+        &mut self,
+        weights: &[*const u8],
+        table: *const u8,
+        inputs: &[HostTensor],
+        outputs: &mut [HostTensor],
+        pool: &dyn Parallel,
+        mut times: Option<&mut [f64]>,
+    ) -> Result<()> {
+        if times.as_ref().is_some_and(|t| t.len() != self.image.steps.len()) {
+            return Err(Error::Backend("one time slot per step is needed".into()));
+        }
         if inputs.len() != self.image.inputs.len() || outputs.len() != self.image.outputs.len() {
             return Err(Error::bad_batch(format!(
                 "plan for bucket {} takes {} inputs and {} outputs, got {} and {}",
@@ -364,7 +385,8 @@ impl CpuExecutable {
         let arena = SendPtr(self.arena.as_mut_ptr());
         let w = SendPtr(weights.as_ptr());
         let tab = SendPtr(table);
-        for step in &self.image.steps {
+        for (si, step) in self.image.steps.iter().enumerate() {
+            let t0 = times.as_ref().map(|_| std::time::Instant::now());
             // SAFETY: `verify` checked the entry lies in the mapped code; the code follows the
             // kernel ABI by construction (it is what the compiler emitted for this image).
             let f: KernelFn = unsafe { std::mem::transmute(self.code.as_ptr().add(step.entry as usize)) };
@@ -382,6 +404,9 @@ impl CpuExecutable {
                 });
                 first.into_inner()
             };
+            if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
+                t[si] += t0.elapsed().as_secs_f64();
+            }
             if st != status::OK {
                 return Err(Error::Backend(format!(
                     "kernel `{}` (bucket {}) failed with status {st}: {}",

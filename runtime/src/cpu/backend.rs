@@ -125,6 +125,18 @@ impl CpuPlan {
         // alive by `self.weights`; the table and its pool live in `self.ctx`.
         unsafe { self.exe.run(&self.weights.ptrs, table, inputs, outputs, pool) }
     }
+
+    /// Runs the plan `runs` times and returns each step's name and mean time in milliseconds.
+    pub fn profile(&mut self, inputs: &[HostTensor], outputs: &mut [HostTensor], runs: usize) -> Result<Vec<(String, f64)>> {
+        let mut t = vec![0f64; self.exe.image().steps.len()];
+        let table = (&*self.ctx.table as *const KernelTable).cast::<u8>();
+        for _ in 0..runs.max(1) {
+            let pool = self.ctx.parallel();
+            // SAFETY: as in `run`.
+            unsafe { self.exe.run_timed(&self.weights.ptrs, table, inputs, outputs, pool, Some(&mut t))? };
+        }
+        Ok(self.exe.image().steps.iter().zip(t).map(|(s, x)| (s.name.clone(), x * 1e3 / runs.max(1) as f64)).collect())
+    }
 }
 
 /// The device in words: architecture and the SIMD features kiln uses.

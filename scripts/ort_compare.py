@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""kiln vs onnxruntime on all-MiniLM-L6-v2, same machine, same run, same thread count.
+
+Builds the model for onnxruntime from the same model.safetensors with the onnx helper API
+(embeddings, 6 encoder layers with erf GELU, mean pooling, L2 normalization: what kiln's BERT
+front end builds), checks its embeddings against tests/data/minilm/golden.json, then for each
+bucket times onnxruntime (intra-op threads = --threads, all graph optimizations) and
+`kiln bench --backend cpu --threads N`, alternating bucket by bucket, and prints per-bucket
+medians and the ratio kiln/ORT.
+
+Usage: python3 scripts/ort_compare.py [--model DIR] [--buckets 1x16,1x128,...] [--threads 2]
+                                      [--runs 30] [--kiln target/release/kiln]
+
+onnx, onnxruntime and numpy are installed on first use into target/ort-venv (pip), and the
+script re-runs itself there.
+"""
+
+import argparse
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, "target", "ort-venv")
+
+
+def ensure_deps():
+    try:
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        return
+    except ImportError:
+        pass
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.abspath(sys.executable) == os.path.abspath(py):
+        sys.exit("onnx/onnxruntime/numpy still missing inside " + VENV)
+    if not os.path.exists(py):
+        print(f"creating {VENV} with onnx, onnxruntime, numpy", file=sys.stderr)
+        subprocess.check_call([sys.executable, "-m", "venv", VENV])
+    subprocess.check_call([py, "-m", "pip", "install", "-q", "onnx", "onnxruntime", "numpy"])
+    os.execv(py, [py] + sys.argv)
+
+
+def read_safetensors(path):
+    import numpy as np
+
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    dtypes = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        arr = np.frombuffer(data[base + a : base + b], dtype=dtypes[info["dtype"]]).reshape(info["shape"])
+        out[name] = arr.astype(np.float32) if arr.dtype != np.int64 else arr
+    return out
+
+
+def build_model(model_dir):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    w = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    prefix = "" if "embeddings.word_embeddings.weight" in w else "bert."
+    g = lambda name: w[prefix + name]  # noqa: E731
+    h = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    hd = h // heads
+    eps = cfg.get("layer_norm_eps", 1e-12)
+    nodes, inits = [], []
+
+    def init(name, arr):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    counter = [0]
+
+    def node(op, ins, **attrs):
+        counter[0] += 1
+        out = f"{op.lower()}_{counter[0]}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def const(name, v, dtype=np.float32):
+        return init(name, np.array(v, dtype=dtype))
+
+    def layer_norm(x, pfx):
+        return node("LayerNormalization", [x, init(pfx + ".weight", g(pfx + ".weight")), init(pfx + ".bias", g(pfx + ".bias"))], axis=-1, epsilon=eps)
+
+    def linear(x, pfx):
+        wt = init(pfx + ".weight.T", g(pfx + ".weight").T)
+        y = node("MatMul", [x, wt])
+        return node("Add", [y, init(pfx + ".bias", g(pfx + ".bias"))])
+
+    ids, mask, tt = "input_ids", "attention_mask", "token_type_ids"
+    # Embeddings.
+    we = node("Gather", [init("word", g("embeddings.word_embeddings.weight")), ids], axis=0)
+    te = node("Gather", [init("type", g("embeddings.token_type_embeddings.weight")), tt], axis=0)
+    # Absolute positions 0..seq: the first `seq` rows of the position table.
+    seq = node("Slice", [node("Shape", [ids]), const("s1", [1], np.int64), const("s2", [2], np.int64)])
+    pe = node("Slice", [init("pos", g("embeddings.position_embeddings.weight")), const("s0", [0], np.int64), seq, const("ax0", [0], np.int64)])
+    x = node("Add", [node("Add", [we, te]), pe])
+    x = layer_norm(x, "embeddings.LayerNorm")
+    # Additive mask [B, 1, 1, S]: (1 - mask) * -10000.
+    mf = node("Cast", [mask], to=TensorProto.FLOAT)
+    madd = node("Mul", [node("Sub", [const("onef", 1.0), mf]), const("neg", -10000.0)])
+    madd = node("Unsqueeze", [madd, const("axes12", [1, 2], np.int64)])
+    split_shape = const("split_shape", [0, 0, heads, hd], np.int64)
+    merge_shape = const("merge_shape", [0, 0, h], np.int64)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        q = linear(x, p + "attention.self.query")
+        k = linear(x, p + "attention.self.key")
+        v = linear(x, p + "attention.self.value")
+        q = node("Transpose", [node("Reshape", [q, split_shape])], perm=[0, 2, 1, 3])
+        k = node("Transpose", [node("Reshape", [k, split_shape])], perm=[0, 2, 3, 1])
+        v = node("Transpose", [node("Reshape", [v, split_shape])], perm=[0, 2, 1, 3])
+        s = node("Add", [node("Div", [node("MatMul", [q, k]), const(f"sqrt{i}", np.sqrt(hd))]), madd])
+        pr = node("Softmax", [s], axis=-1)
+        ctx = node("Reshape", [node("Transpose", [node("MatMul", [pr, v])], perm=[0, 2, 1, 3]), merge_shape])
+        a = linear(ctx, p + "attention.output.dense")
+        x = layer_norm(node("Add", [a, x]), p + "attention.output.LayerNorm")
+        f = linear(x, p + "intermediate.dense")
+        f = node("Mul", [node("Mul", [f, const(f"half{i}", 0.5)]), node("Add", [node("Erf", [node("Div", [f, const(f"sqrt2_{i}", np.sqrt(2.0))])]), const(f"one{i}", 1.0)])])
+        o = linear(f, p + "output.dense")
+        x = layer_norm(node("Add", [o, x]), p + "output.LayerNorm")
+    # Mean pooling over the mask, then L2 normalization.
+    m3 = node("Unsqueeze", [mf, const("axis2", [2], np.int64)])
+    summed = node("ReduceSum", [node("Mul", [x, m3]), const("axis1", [1], np.int64)], keepdims=0)
+    count = node("Max", [node("ReduceSum", [m3, const("axis1b", [1], np.int64)], keepdims=0), const("tiny", 1e-9)])
+    mean = node("Div", [summed, count])
+    norm = node("Max", [node("Sqrt", [node("ReduceSum", [node("Mul", [mean, mean]), const("axisl", [1], np.int64)], keepdims=1)]), const("tiny2", 1e-12)])
+    emb = node("Div", [mean, norm])
+    nodes.append(helper.make_node("Identity", [emb], ["embeddings"]))
+    dims = ["batch", "seq"]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims) for n in (ids, mask, tt)]
+    outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", h])]
+    graph = helper.make_graph(nodes, "minilm", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def session(model, threads):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def feeds(batch, seq):
+    import numpy as np
+
+    ids = np.array([[101 if t == 0 else 1000 + (r * 7919 + t * 104729) % 20000 for t in range(seq)] for r in range(batch)], dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def check_golden(sess):
+    import numpy as np
+
+    path = os.path.join(ROOT, "tests", "data", "minilm", "golden.json")
+    if not os.path.exists(path):
+        return None
+    gd = json.load(open(path))
+    pb = gd["padded_batch"]
+    ids = np.array(pb["ids"], dtype=np.int64)
+    mask = np.array(pb["attention_mask"], dtype=np.int64)
+    got = sess.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+    want = np.array(pb["embeddings"], dtype=np.float64)
+    return float(np.abs(got - want).max())
+
+
+def time_ort(sess, batch, seq, runs):
+    f = feeds(batch, seq)
+    t0 = time.perf_counter()
+    n = 0
+    while n < 3 or (time.perf_counter() - t0 < 0.5 and n < 50):
+        sess.run(None, f)
+        n += 1
+    ms = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, f)
+        ms.append((time.perf_counter() - t) * 1e3)
+    ms.sort()
+    return ms[len(ms) // 2]
+
+
+def time_kiln(kiln, model_dir, bucket, threads, runs):
+    cmd = [kiln, "bench", "--model", model_dir, "--bucket", bucket, "--backend", "cpu", "--threads", str(threads), "--runs", str(runs)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    med = re.search(r"median ([0-9.]+) ms", out)
+    low = re.search(r"lowering ([0-9.]+) ms", out)
+    if not med:
+        sys.exit("kiln bench printed no median:\n" + out)
+    return float(med.group(1)), float(low.group(1)) if low else float("nan")
+
+
+def main():
+    ensure_deps()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=os.environ.get("KILN_MODEL_DIR", os.path.join(ROOT, "models", "all-MiniLM-L6-v2")))
+    ap.add_argument("--buckets", default="1x16,1x128,8x128,32x128,1x512")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
+    args = ap.parse_args()
+    if not os.path.exists(args.kiln):
+        subprocess.check_call(["cargo", "build", "--release", "--bin", "kiln"], cwd=ROOT)
+    import onnxruntime as ort
+
+    model = build_model(args.model)
+    sess = session(model, args.threads)
+    err = check_golden(sess)
+    print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")
+    print(f"{'bucket':>8} {'kiln ms':>10} {'ORT ms':>10} {'kiln/ORT':>9} {'kiln lowering ms':>17}")
+    for b in args.buckets.split(","):
+        batch, seq = (int(x) for x in b.split("x"))
+        ort_ms = time_ort(sess, batch, seq, args.runs)
+        kiln_ms, low = time_kiln(args.kiln, args.model, b, args.threads, args.runs)
+        print(f"{b:>8} {kiln_ms:10.3f} {ort_ms:10.3f} {kiln_ms / ort_ms:9.3f} {low:17.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
