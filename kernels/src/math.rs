@@ -103,82 +103,94 @@ impl Unary {
 // ---------------------------------------------------------------------------------------------
 // Constants shared by the scalar and SIMD paths.
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-/// ln2 = LN2_HI + LN2_LO; LN2_HI has 9 significant bits so n·LN2_HI is exact for |n| ≤ 2^15.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// Above this exp overflows f32.
-const EXP_MAX: f32 = 88.722_83;
-/// Below this exp is below half the smallest subnormal.
-const EXP_MIN: f32 = -104.0;
-/// exp(r) ≈ 1 + r + r²·(E0 + E1 r + E2 r² + E3 r³ + E4 r⁴) on |r| ≤ ln2/2.
-const EXP_P: [f32; 5] = [
-    0.499_999_94,
-    0.166_665_21,
-    0.041_668_39,
-    0.008_368_71,
-    0.001_381_460_8,
-];
+/// The constants of every approximation here, public so that a code generator emitting the same
+/// algorithms inline (e.g. Cranelift IR for elementwise kernels) uses bit-identical coefficients.
+pub mod coeffs {
 
-const ERF_CLAMP: f32 = 4.0;
-/// Below this |x|, erf(x) = x + x·Q(x²); above, erf(|x|) = 1 - erfc(|x|).
-const ERF_SPLIT: f32 = 0.9;
-/// Q: erf(x) = x + x·Σ ERF_SMALL[i]·x^(2i) on |x| < 0.9 (relative error 1.4e-8 with these f32 values).
-const ERF_SMALL: [f32; 6] = [
-    1.2837915e-01,
-    -3.761251e-01,
-    1.12820275e-01,
-    -2.6775425e-02,
-    5.0074505e-03,
-    -6.069479e-04,
-];
-/// erfc(a) = exp(-a²)·Σ ERFC_T[i]·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
-/// 8.7e-9 with these f32 values).
-const ERFC_T: [f32; 9] = [
-    -5.6448744e-06,
-    2.822388e-01,
-    2.8056458e-01,
-    2.5551403e-01,
-    1.4884415e-01,
-    1.2591574e-01,
-    -2.8082714e-03,
-    -1.6410781e-01,
-    7.4204974e-02,
-];
-/// erfc(a) = exp(-a²)·Σ ERFC_T0[i]·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
-/// error 3.3e-8): GELU's single-branch form.
-const ERFC_T0: [f32; 10] = [
-    -6.0047737e-06,
-    2.8222123e-01,
-    2.8109986e-01,
-    2.4978597e-01,
-    1.8127404e-01,
-    1.7028615e-02,
-    2.2125417e-01,
-    -4.4152766e-01,
-    2.6392525e-01,
-    -5.5055503e-02,
-];
-/// Upper end of the erfc fit: erfc(10) = 2e-45, at the bottom of the subnormals.
-const ERFC_MAX: f32 = 10.0;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// ln2 = LN2_HI + LN2_LO; LN2_HI has 9 significant bits so n·LN2_HI is exact for |n| ≤ 2^15.
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// Above this exp overflows f32.
+    pub const EXP_MAX: f32 = 88.722_83;
+    /// Below this exp is below half the smallest subnormal.
+    pub const EXP_MIN: f32 = -104.0;
+    /// exp(r) ≈ 1 + r + r²·(E0 + E1 r + E2 r² + E3 r³ + E4 r⁴) on |r| ≤ ln2/2.
+    pub const EXP_P: [f32; 5] = [
+        0.499_999_94,
+        0.166_665_21,
+        0.041_668_39,
+        0.008_368_71,
+        0.001_381_460_8,
+    ];
 
-const TANH_CLAMP: f32 = 9.0;
-/// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
-const TANH_SPLIT: f32 = 0.8;
-/// S on |x| < 0.8 (relative error 3.7e-9 with these f32 values).
-const TANH_SMALL: [f32; 6] = [
-    -3.33333e-01,
-    1.3332242e-01,
-    -5.3853594e-02,
-    2.1306504e-02,
-    -7.4141263e-03,
-    1.5870107e-03,
-];
+    pub const ERF_CLAMP: f32 = 4.0;
+    /// Below this |x|, erf(x) = x + x·Q(x²); above, erf(|x|) = 1 - erfc(|x|).
+    pub const ERF_SPLIT: f32 = 0.9;
+    /// Q: erf(x) = x + x·Σ ERF_SMALL[i]·x^(2i) on |x| < 0.9 (relative error 1.4e-8 with these f32 values).
+    pub const ERF_SMALL: [f32; 6] = [
+        1.2837915e-01,
+        -3.761251e-01,
+        1.12820275e-01,
+        -2.6775425e-02,
+        5.0074505e-03,
+        -6.069479e-04,
+    ];
+    /// erfc(a) = exp(-a²)·Σ ERFC_T[i]·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
+    /// 8.7e-9 with these f32 values).
+    pub const ERFC_T: [f32; 9] = [
+        -5.6448744e-06,
+        2.822388e-01,
+        2.8056458e-01,
+        2.5551403e-01,
+        1.4884415e-01,
+        1.2591574e-01,
+        -2.8082714e-03,
+        -1.6410781e-01,
+        7.4204974e-02,
+    ];
+    /// erfc(a) = exp(-a²)·Σ ERFC_T0[i]·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
+    /// error 3.3e-8): GELU's single-branch form.
+    pub const ERFC_T0: [f32; 10] = [
+        -6.0047737e-06,
+        2.8222123e-01,
+        2.8109986e-01,
+        2.4978597e-01,
+        1.8127404e-01,
+        1.7028615e-02,
+        2.2125417e-01,
+        -4.4152766e-01,
+        2.6392525e-01,
+        -5.5055503e-02,
+    ];
+    /// Upper end of the erfc fit: erfc(10) = 2e-45, at the bottom of the subnormals.
+    pub const ERFC_MAX: f32 = 10.0;
 
-const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
-/// √(2/π)
-const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-const GELU_TANH_C: f32 = 0.044_715;
+    pub const TANH_CLAMP: f32 = 9.0;
+    /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
+    pub const TANH_SPLIT: f32 = 0.8;
+    /// S on |x| < 0.8 (relative error 3.7e-9 with these f32 values).
+    pub const TANH_SMALL: [f32; 6] = [
+        -3.33333e-01,
+        1.3332242e-01,
+        -5.3853594e-02,
+        2.1306504e-02,
+        -7.4141263e-03,
+        1.5870107e-03,
+    ];
+
+    pub const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    /// √(2/π)
+    pub const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    pub const GELU_TANH_C: f32 = 0.044_715;
+    /// 1.5·2²³: adding it rounds a float in ±2²² to an integer held in the low mantissa bits.
+    pub const ROUND_MAGIC: f32 = 12_582_912.0;
+    /// Input clamp of the internal exp (`exp8_lean`).
+    pub const EXP_LEAN_MIN: f32 = -87.3;
+    pub const EXP_LEAN_MAX: f32 = 88.3;
+}
+
+use coeffs::*;
 
 // ---------------------------------------------------------------------------------------------
 // Scalar path: the same algorithms in plain f32 arithmetic (used without AVX2, and for tails
@@ -297,7 +309,7 @@ pub fn gelu_erf(x: f32) -> f32 {
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x);
-    x / (1.0 + exp((-2.0 * u).clamp(-87.3, 88.3)))
+    x / (1.0 + exp((-2.0 * u).clamp(EXP_LEAN_MIN, EXP_LEAN_MAX)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,8 +340,7 @@ pub(crate) mod avx2 {
         _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)
     }
 
-    /// 1.5·2²³: adding it rounds a float in ±2²² to an integer held in the low mantissa bits.
-    const ROUND_MAGIC: f32 = 12_582_912.0;
+    use super::coeffs::ROUND_MAGIC;
 
     /// e^x, full range: x > 88.72 gives +inf (the clamp at 100 keeps the two-step scale exact and
     /// lets 2⁶⁴·2⁶⁴ overflow), results down to the subnormals are produced, NaN propagates (the
