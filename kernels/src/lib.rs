@@ -2,17 +2,36 @@
 //! and CUDA C templates that the CUDA code generator specializes.
 //!
 //! The CPU part is a small, dependency-free compute core:
-//! - [`gemm`]: f32 SGEMM against a pre-packed B ([`gemm::PackedB`]) with an AVX2+FMA register-blocked
-//!   microkernel, cache blocking, A-panel packing into caller-provided scratch and a fused epilogue
-//!   (scale, bias, activation, residual); strided batched GEMM with on-the-fly packing of B.
-//! - [`attention`]: fused softmax(Q·Kᵀ·scale + mask)·V per (batch, head), one query row block at a time.
-//! - [`math`]: vectorized exp / erf / tanh / sigmoid / GELU approximations with measured error bounds.
+//! - [`gemm`]: f32 SGEMM against a pre-packed B ([`gemm::PackedB`]) with an AVX2+FMA 6×16
+//!   register-blocked microkernel, k/m cache blocking, A-panel packing into caller-provided scratch
+//!   and a fused epilogue (scale, bias, activation, residual) applied per register tile; strided
+//!   batched GEMM with on-the-fly packing of B.
+//! - [`attention`]: fused softmax(Q·Kᵀ·scale + mask)·V per (batch, head), one block of query rows
+//!   at a time.
+//! - [`math`]: vectorized exp / erf / tanh / sigmoid / SiLU / GELU with measured error bounds, and
+//!   row softmax.
 //! - [`threadpool`]: a persistent spin-then-park pool; `run` neither allocates nor spawns.
-//! - [`table`]: the `#[repr(C)]` [`table::KernelTable`] of `extern "C"` entry points that Cranelift-generated
-//!   code calls indirectly (SystemV call convention).
+//! - [`table`]: the `#[repr(C)]` [`table::KernelTable`] of `extern "C"` entry points that
+//!   Cranelift-generated code calls indirectly (SystemV call convention).
 //!
-//! Every hot entry point is allocation-free: scratch sizes are exposed (`*_scratch_len`) so a plan can
-//! reserve them once at lower time.
+//! Every hot entry point is allocation-free and panic-free on bad input (typed [`KernelError`]s,
+//! status codes through the table). Without AVX2+FMA (checked at run time), or on other
+//! architectures, the same entry points run portable scalar code with the same data layouts.
+//!
+//! # How a plan uses it
+//! 1. **Upload/lower**: pack every GEMM weight once with [`gemm::pack_b_into`] (PyTorch Linear
+//!    weights `[out, in]` with `transposed = true`) into [`gemm::packed_b_len`]`(k, n)` floats of
+//!    the weight arena (64-byte alignment recommended).
+//! 2. **Lower**: reserve scratch in the arena: the maximum over kernels of
+//!    [`gemm::gemm_scratch_len`]`(m, n, k, threads)`,
+//!    [`gemm::batched_scratch_len`]`(m, n, k, threads)` and
+//!    [`attention::attention_batched_scratch_len`]`(dims, threads)`. With less scratch a kernel
+//!    runs on fewer threads; below one thread's worth it returns status 3.
+//! 3. **Load**: create one [`threadpool::ThreadPool`] (threads = cores; 1 = single-threaded) and a
+//!    [`table::KernelTable::new`]`(Some(&pool))` that outlives the plan; pass `&table` to the
+//!    generated entry.
+//! 4. **Run**: generated code loads entries at `KernelTable::OFF_*` and calls them with
+//!    `call_indirect` (SystemV); see [`table`] for the exact signatures. Nothing allocates.
 
 pub mod aligned;
 pub mod attention;

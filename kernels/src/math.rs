@@ -127,7 +127,7 @@ pub mod coeffs {
     pub const ERF_CLAMP: f32 = 4.0;
     /// Below this |x|, erf(x) = x + x·Q(x²); above, erf(|x|) = 1 - erfc(|x|).
     pub const ERF_SPLIT: f32 = 0.9;
-    /// Q: erf(x) = x + x·Σ ERF_SMALL[i]·x^(2i) on |x| < 0.9 (relative error 1.4e-8 with these f32 values).
+    /// Q: erf(x) = x + x·Σ `ERF_SMALL[i]`·x^(2i) on |x| < 0.9 (relative error 1.4e-8 with these f32 values).
     pub const ERF_SMALL: [f32; 6] = [
         1.2837915e-01,
         -3.761251e-01,
@@ -136,7 +136,7 @@ pub mod coeffs {
         5.0074505e-03,
         -6.069479e-04,
     ];
-    /// erfc(a) = exp(-a²)·Σ ERFC_T[i]·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
+    /// erfc(a) = exp(-a²)·Σ `ERFC_T[i]`·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
     /// 8.7e-9 with these f32 values).
     pub const ERFC_T: [f32; 9] = [
         -5.6448744e-06,
@@ -149,7 +149,7 @@ pub mod coeffs {
         -1.6410781e-01,
         7.4204974e-02,
     ];
-    /// erfc(a) = exp(-a²)·Σ ERFC_T0[i]·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
+    /// erfc(a) = exp(-a²)·Σ `ERFC_T0[i]`·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
     /// error 3.3e-8): GELU's single-branch form.
     pub const ERFC_T0: [f32; 10] = [
         -6.0047737e-06,
