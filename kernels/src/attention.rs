@@ -54,7 +54,7 @@ pub fn attention_scratch_len(d: AttnDims) -> usize {
         + rb * d.seq_k
         + rb
         + apack_len(rb, d.head_dim.max(d.seq_k))
-        + 4 * SLACK
+        + 5 * SLACK
 }
 
 /// One head in raw form.
