@@ -5,7 +5,7 @@
 //! - B is packed once ([`pack_b`], [`PackedB`]) into panels of [`NR`] columns; inside a panel the
 //!   layout is k-major (`NR` consecutive floats per k), and the last panel is zero-padded.
 //!   Panel `p` starts at float `p·k·NR`. Packing accepts `[k, n]` and `[n, k]` (PyTorch Linear) sources.
-//! - Blocking (Goto/BLIS order): k in blocks of [`KC`], m in blocks of [`MC`]; for each (k, m) block
+//! - Blocking (Goto/BLIS order): k in equal blocks of at most [`KC`], m in blocks of [`MC`]; for each (k, m) block
 //!   the A block is packed into caller scratch as MR-row strips (k-major, zero-padded), then for each
 //!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2).
 //! - Microkernel: [`MR`]×[`NR`] = 6×16 register tile, 12 ymm accumulators, `vfmadd231ps` with a
