@@ -38,9 +38,15 @@ pub(crate) struct Fx<'a, 'p> {
     err_block: Option<Block>,
 }
 
-/// Memory flags of every access: kernels touch only valid memory (the views were checked).
+/// Memory flags of scalar accesses: kernels touch only valid memory (the views were checked)
+/// and every element is aligned to its size (arena regions are 64-byte aligned).
 pub(crate) fn mf() -> MemFlagsData {
     MemFlagsData::trusted()
+}
+
+/// Memory flags of 4-lane accesses: valid, but only element-aligned (never assume 16 bytes).
+pub(crate) fn mf_vec() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
 }
 
 fn vflags() -> MemFlagsData {
@@ -361,7 +367,7 @@ impl<'a, 'p> Fx<'a, 'p> {
     pub fn load_f(&mut self, dt: DType, p: Value, w: usize) -> Value {
         if w == 4 {
             debug_assert_eq!(dt, DType::F32);
-            return self.b.ins().load(F32X4, mf(), p, 0);
+            return self.b.ins().load(F32X4, mf_vec(), p, 0);
         }
         match dt {
             DType::F32 => self.b.ins().load(F32, mf(), p, 0),
@@ -391,7 +397,7 @@ impl<'a, 'p> Fx<'a, 'p> {
         let ty = self.b.func.dfg.value_type(v);
         if ty == F32X4 {
             debug_assert_eq!(dt, DType::F32);
-            self.b.ins().store(mf(), v, p, 0);
+            self.b.ins().store(mf_vec(), v, p, 0);
             return;
         }
         match dt {

@@ -1,0 +1,295 @@
+//! Every kind of CPU kernel on small graphs, against the reference interpreter (1 and 2
+//! threads), and the Cranelift IR of small kernels as goldens (tests/golden/clif/<case>.txt,
+//! generated for the fixed x86-64-v3 target so they do not depend on this machine;
+//! `BLESS=1` rewrites them).
+
+use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::codegen::cpu::CpuTarget;
+use kiln_compiler::golden::check_golden;
+use kiln_compiler::ir::GraphBuilder;
+use kiln_compiler::testing::{random_inputs, random_weights, Rng};
+use kiln_runtime::cpu::Threads;
+use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
+use kiln_runtime::{Backend, Batch, Bucket, DType, Dim, Graph, InputRole, Outputs};
+
+fn f(n: usize) -> Dim {
+    Dim::Fixed(n)
+}
+
+/// `|got - want| <= tol·(1 + |want|)`; infinities and NaNs must match exactly.
+fn compare(got: &[kiln_runtime::HostTensor], want: &[kiln_runtime::HostTensor], tol: f64, _: f64) -> Result<(), String> {
+    for (o, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.shape != w.shape || g.dtype() != w.dtype() {
+            return Err(format!("output {o}: {} {:?}, expected {} {:?}", g.dtype(), g.shape, w.dtype(), w.shape));
+        }
+        for (i, (a, b)) in g.data.to_f64_vec().iter().zip(w.data.to_f64_vec()).enumerate() {
+            let ok = if b.is_nan() { a.is_nan() } else if b.is_infinite() { *a == b } else { (a - b).abs() <= tol * (1.0 + b.abs()) };
+            if !ok {
+                return Err(format!("output {o} element {i}: got {a}, expected {b}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `g` on the CPU backend (1 and 2 threads) and compares with the reference.
+fn check(name: &str, g: &Graph, bucket: Bucket, tol: f64) {
+    let mut rng = Rng::new(name.len() as u64 * 7919);
+    let weights = random_weights(g, &mut rng);
+    let inputs = random_inputs(g, bucket, &mut rng);
+    let want = interpret(g, &weights, &inputs, bucket).unwrap();
+    for threads in [Threads::Single, Threads::Count(2)] {
+        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
+        let w = be.upload(&weights, g).unwrap();
+        let mut plan = be.lower(&w, g, bucket).unwrap();
+        let mut out = Outputs::for_bucket(g, bucket);
+        be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
+        if let Err(e) = compare(&out.tensors, &want, tol, tol) {
+            panic!("{name} ({threads:?}): {e}");
+        }
+    }
+}
+
+/// The CLIF of every kernel of `g` for the x86-64-v3 target, 2 threads.
+fn clif_golden(case: &str, g: &Graph, bucket: Bucket) {
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+    let (c, _) = be.compile(g, bucket, true).unwrap();
+    let mut text = String::new();
+    for ((name, clif), step) in c.clif.iter().zip(&c.image.steps) {
+        text.push_str(&format!("; kernel `{name}`, {} task(s)\n{clif}\n", step.tasks));
+    }
+    check_golden(&format!("tests/golden/clif/{case}.txt"), &text);
+}
+
+fn bias_gelu() -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(11)], InputRole::Other).unwrap();
+    let bias = b.weight("bias", DType::F32, &[11]).unwrap();
+    let y = b.add(x, bias).unwrap();
+    let y = b.gelu(y).unwrap();
+    b.output("y", y);
+    b.finish().unwrap()
+}
+
+#[test]
+fn elementwise_bias_gelu() {
+    let g = bias_gelu();
+    check("bias_gelu", &g, Bucket::new(2, 3), 1e-5);
+    clif_golden("elementwise_bias_gelu", &g, Bucket::new(1, 2));
+}
+
+#[test]
+fn elementwise_ops_and_select() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, f(9)], InputRole::Other).unwrap();
+    let y = b.input("y", DType::F32, vec![Dim::Batch, f(9)], InputRole::Other).unwrap();
+    let mut v = x;
+    for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min] {
+        v = b.binary(op, v, y).unwrap();
+    }
+    for op in [UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Exp, UnaryOp::Neg] {
+        v = b.unary(op, v).unwrap();
+    }
+    let two = b.scalar(2.0).unwrap();
+    let s = b.add(v, two).unwrap();
+    let s = b.sqrt(s).unwrap();
+    let r = b.rsqrt(s).unwrap();
+    let q = b.div(r, s).unwrap();
+    let w = b.where_(x, q, y).unwrap();
+    b.output("w", w);
+    let g = b.finish().unwrap();
+    check("elementwise_ops", &g, Bucket::new(5, 1), 1e-5);
+}
+
+#[test]
+fn layer_norm_residual_and_rms_norm() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(13)], InputRole::Other).unwrap();
+    let r = b.input("r", DType::F32, vec![Dim::Batch, Dim::Seq, f(13)], InputRole::Other).unwrap();
+    let gm = b.weight("g", DType::F32, &[13]).unwrap();
+    let bt = b.weight("b", DType::F32, &[13]).unwrap();
+    let s = b.add(x, r).unwrap();
+    let y = b.layer_norm(s, gm, bt, 1e-5).unwrap();
+    let z = b.rms_norm(y, gm, 1e-6).unwrap();
+    b.output("z", z);
+    b.output("y", y);
+    let g = b.finish().unwrap();
+    check("norms", &g, Bucket::new(3, 7), 1e-4);
+    clif_golden("layer_norm_residual", &g, Bucket::new(1, 2));
+}
+
+#[test]
+fn softmax_scale_mask_on_any_axis() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, f(3), Dim::Seq, Dim::Seq], InputRole::Other).unwrap();
+    let m = b.input("attention_mask", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::AttentionMask).unwrap();
+    let mf = b.cast(m, DType::F32).unwrap();
+    let one = b.scalar(1.0).unwrap();
+    let inv = b.sub(one, mf).unwrap();
+    let big = b.scalar(-10000.0).unwrap();
+    let add = b.mul(inv, big).unwrap();
+    let add = b.reshape(add, vec![Dim::Batch, f(1), f(1), Dim::Seq]).unwrap();
+    let sc = b.scalar(0.125).unwrap();
+    let s = b.mul(x, sc).unwrap();
+    let s = b.add(s, add).unwrap();
+    let p = b.softmax(s, 3, None).unwrap();
+    let q = b.softmax(x, 1, None).unwrap();
+    b.output("p", p);
+    b.output("q", q);
+    let g = b.finish().unwrap();
+    check("softmax", &g, Bucket::new(2, 9), 1e-5);
+    clif_golden("softmax_scale_mask", &g, Bucket::new(1, 5));
+}
+
+#[test]
+fn linear_layers_with_fused_epilogues() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(24)], InputRole::Other).unwrap();
+    let w1 = b.weight("w1", DType::F32, &[40, 24]).unwrap();
+    let b1 = b.weight("b1", DType::F32, &[40]).unwrap();
+    let h = b.linear(x, w1, Some(b1)).unwrap();
+    let h = b.gelu(h).unwrap();
+    let w2 = b.weight("w2", DType::F32, &[24, 40]).unwrap();
+    let b2 = b.weight("b2", DType::F32, &[24]).unwrap();
+    let o = b.linear(h, w2, Some(b2)).unwrap();
+    let o = b.add(o, x).unwrap();
+    // A plain matmul against a [k, n] weight, an activation after it, and a product of two
+    // activations (B packed at run time, transposed view).
+    let w3 = b.weight("w3", DType::F32, &[24, 8]).unwrap();
+    let p = b.matmul(o, w3).unwrap();
+    let p = b.tanh(p).unwrap();
+    let t = b.matmul_t(o, o, false, true).unwrap();
+    b.output("o", o);
+    b.output("p", p);
+    b.output("t", t);
+    let g = b.finish().unwrap();
+    check("linear", &g, Bucket::new(2, 37), 1e-4);
+    clif_golden("gemm_bias_gelu_residual", &g, Bucket::new(1, 4));
+}
+
+#[test]
+fn unfusable_epilogue_runs_unfused() {
+    // x·W scaled then divided by an operand: no microkernel epilogue matches.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, f(16)], InputRole::Other).unwrap();
+    let d = b.input("d", DType::F32, vec![Dim::Batch, f(20)], InputRole::Other).unwrap();
+    let w = b.weight("w", DType::F32, &[16, 20]).unwrap();
+    let y = b.matmul(x, w).unwrap();
+    let two = b.scalar(2.0).unwrap();
+    let y = b.add(y, two).unwrap();
+    let y = b.div(y, d).unwrap();
+    b.output("y", y);
+    let g = b.finish().unwrap();
+    check("unfused", &g, Bucket::new(7, 1), 1e-4);
+}
+
+#[test]
+fn attention_heads() {
+    let mut b = GraphBuilder::new();
+    let (heads, hd) = (2, 8);
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(heads * hd)], InputRole::Other).unwrap();
+    let m = b.input("attention_mask", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::AttentionMask).unwrap();
+    let mf = b.cast(m, DType::F32).unwrap();
+    let one = b.scalar(1.0).unwrap();
+    let inv = b.sub(one, mf).unwrap();
+    let big = b.scalar(-10000.0).unwrap();
+    let add = b.mul(inv, big).unwrap();
+    let add = b.reshape(add, vec![Dim::Batch, f(1), f(1), Dim::Seq]).unwrap();
+    let split = |b: &mut GraphBuilder, v| {
+        let r = b.reshape(v, vec![Dim::Batch, Dim::Seq, f(heads), f(hd)]).unwrap();
+        b.transpose(r, &[0, 2, 1, 3]).unwrap()
+    };
+    let wq = b.weight("wq", DType::F32, &[heads * hd, heads * hd]).unwrap();
+    let q = b.linear(x, wq, None).unwrap();
+    let q = split(&mut b, q);
+    let k = split(&mut b, x);
+    let v = split(&mut b, x);
+    let s = b.matmul_t(q, k, false, true).unwrap();
+    let sc = b.scalar(1.0 / (hd as f32).sqrt()).unwrap();
+    let s = b.mul(s, sc).unwrap();
+    let p = b.softmax(s, 3, Some(add)).unwrap();
+    let o = b.matmul(p, v).unwrap();
+    let o = b.transpose(o, &[0, 2, 1, 3]).unwrap();
+    let o = b.reshape(o, vec![Dim::Batch, Dim::Seq, f(heads * hd)]).unwrap();
+    b.output("o", o);
+    let g = b.finish().unwrap();
+    check("attention", &g, Bucket::new(3, 10), 1e-4);
+    clif_golden("attention_heads", &g, Bucket::new(1, 4));
+}
+
+#[test]
+fn gather_reduce_concat_copy() {
+    let mut b = GraphBuilder::new();
+    let ids = b.input("input_ids", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::TokenIds).unwrap();
+    let table = b.weight("emb", DType::F32, &[9, 6]).unwrap();
+    let e = b.gather(table, ids).unwrap();
+    let s = b.reduce(ReduceOp::Sum, e, &[2], false).unwrap();
+    let mn = b.reduce(ReduceOp::Mean, e, &[1], true).unwrap();
+    let mx = b.reduce(ReduceOp::Max, e, &[1, 2], false).unwrap();
+    let t = b.transpose(e, &[0, 2, 1]).unwrap();
+    let c = b.concat(&[e, e], 2).unwrap();
+    let it = b.transpose(ids, &[1, 0]).unwrap();
+    let i3 = b.reshape(ids, vec![Dim::Batch, Dim::Seq, f(1)]).unwrap();
+    let i2 = b.concat(&[i3, i3], 2).unwrap();
+    b.output("s", s);
+    b.output("mn", mn);
+    b.output("mx", mx);
+    b.output("t", t);
+    b.output("c", c);
+    b.output("it", it);
+    b.output("i2", i2);
+    let g = b.finish().unwrap();
+    check("gather_reduce", &g, Bucket::new(2, 5), 1e-5);
+    clif_golden("gather_reduce_concat", &g, Bucket::new(1, 3));
+}
+
+#[test]
+fn casts_round_like_the_reference() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, f(12)], InputRole::Other).unwrap();
+    let k = b.scalar(70000.0).unwrap();
+    let big = b.mul(x, k).unwrap();
+    let h = b.cast(big, DType::F16).unwrap();
+    let h = b.cast(h, DType::F32).unwrap();
+    let small = b.scalar(1e-6).unwrap();
+    let tiny = b.mul(x, small).unwrap();
+    let ht = b.cast(tiny, DType::F16).unwrap();
+    let ht = b.cast(ht, DType::F32).unwrap();
+    let bf = b.cast(big, DType::BF16).unwrap();
+    let bf = b.cast(bf, DType::F32).unwrap();
+    let i = b.cast(big, DType::I32).unwrap();
+    let i = b.cast(i, DType::F32).unwrap();
+    let l = b.cast(big, DType::I64).unwrap();
+    b.output("h", h);
+    b.output("ht", ht);
+    b.output("bf", bf);
+    b.output("i", i);
+    b.output("l", l);
+    let g = b.finish().unwrap();
+    check("casts", &g, Bucket::new(4, 1), 1e-9);
+}
+
+#[test]
+fn gather_out_of_range_is_an_error() {
+    let mut b = GraphBuilder::new();
+    let ids = b.input("input_ids", DType::I64, vec![Dim::Batch, Dim::Seq], InputRole::TokenIds).unwrap();
+    let table = b.weight("emb", DType::F32, &[4, 3]).unwrap();
+    let e = b.gather(table, ids).unwrap();
+    b.output("e", e);
+    let g = b.finish().unwrap();
+    let be = CpuBackend::single_threaded().unwrap();
+    let weights = random_weights(&g, &mut Rng::new(1));
+    let w = be.upload(&weights, &g).unwrap();
+    let bucket = Bucket::new(1, 3);
+    let mut plan = be.lower(&w, &g, bucket).unwrap();
+    let mut out = Outputs::for_bucket(&g, bucket);
+    for bad in [4i64, -1, i64::MAX] {
+        let batch = Batch { tensors: vec![kiln_runtime::HostTensor::i64(vec![1, 3], vec![0, bad, 1]).unwrap()] };
+        let e = be.run(&mut plan, &batch, &mut out).unwrap_err();
+        assert!(e.to_string().contains("gather id"), "{e}");
+    }
+    let ok = Batch { tensors: vec![kiln_runtime::HostTensor::i64(vec![1, 3], vec![3, 0, 1]).unwrap()] };
+    be.run(&mut plan, &ok, &mut out).unwrap();
+    assert_eq!(&out.tensors[0].to_f32_vec()[..3], weights[0].to_f32_vec()[9..12].as_ref());
+}
