@@ -165,7 +165,9 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                 Some(n) => Threads::Count(n),
             };
             let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+            let t = std::time::Instant::now();
             let w = be.upload(&weights, &m.graph)?;
+            println!("upload (weights transposed/packed once): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             for b in buckets {
                 let (mut plan, t) = be.lower_timed(&w, &m.graph, b)?;
                 println!(

@@ -1,8 +1,8 @@
 //! The CPU backend: the middle-end's fused, memory-planned kernel program compiled to native
 //! x86-64 code with Cranelift (see [`crate::codegen::cpu`]), run by `kiln_runtime::cpu`.
 //!
-//! - `upload` keeps the checkpoint tensors; each weight is prepared (transposed, packed for the
-//!   GEMM microkernel) once, the first time a plan needs it, and shared by every bucket's plan.
+//! - `upload` keeps the checkpoint tensors and prepares each weight layout the plans read
+//!   (transposed, packed for the GEMM microkernel) once; every bucket's plan shares them.
 //! - `lower` runs the pipeline for the bucket, generates and compiles one function per kernel,
 //!   and loads the image exactly as a precompiled artifact's plan is loaded (verify + map).
 //! - `run` copies the inputs into the plan's arena, calls each kernel (splitting elementwise and
@@ -21,7 +21,7 @@ use kiln_runtime::cpu::{cpu_device, CpuContext, CpuPlan, CpuPlanImage, CpuWeight
 use kiln_runtime::graph::{Bucket, Graph};
 use kiln_runtime::{DType, HostTensor, Result};
 
-use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, Isa};
+use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, Isa, Layout};
 use crate::pipeline::run_pipeline;
 
 /// Options of a [`CpuBackend`].
@@ -131,9 +131,20 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Keeps the tensors and prepares, once, the weight layouts plans will read: the slots of a
+    /// one-token lowering (linear layers' packed weights do not depend on the bucket). Slots a
+    /// later bucket needs beyond those are prepared at its lowering, also once.
     fn upload(&self, tensors: &[HostTensor], graph: &Graph) -> Result<CpuWeights> {
         check_weights(tensors, graph)?;
-        Ok(CpuWeights::new(tensors.to_vec()))
+        let w = CpuWeights::new(tensors.to_vec());
+        if let Ok(lowered) = run_pipeline(graph, Bucket::new(1, 1)) {
+            if let Ok(layout) = Layout::new(&lowered) {
+                for s in &layout.slots {
+                    w.prepare_slot(s)?;
+                }
+            }
+        }
+        Ok(w)
     }
 
     fn lower(&self, weights: &CpuWeights, graph: &Graph, bucket: Bucket) -> Result<CpuPlan> {

@@ -263,36 +263,52 @@ impl CpuWeights {
                 Ok(Prepared::Owned(a))
             }
             WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
-                let (k, n, rs, cs) = (*k, *n, *row_stride, *col_stride);
-                let mut storage: Vec<f32> = t.to_f32_vec();
-                if *transposed {
-                    let (r, c) = (slot.shape[0], slot.shape[1]);
-                    let mut tr = vec![0f32; storage.len()];
-                    for i in 0..r {
-                        for j in 0..c {
-                            tr[j * r + i] = storage[i * c + j];
-                        }
+                let (k, n, rs, cs, offset) = (*k, *n, *row_stride, *col_stride, *offset);
+                let owned;
+                let ckpt: &[f32] = match t.as_f32() {
+                    Some(v) => v,
+                    None => {
+                        owned = t.to_f32_vec();
+                        &owned
                     }
-                    storage = tr;
-                }
+                };
                 let len = kiln_kernels::gemm::packed_b_len(k, n);
                 let mut a = Aligned::zeroed(len * 4);
                 let dst = a.as_mut_f32();
-                let src = &storage[(*offset).min(storage.len())..];
                 let r = if k == 0 || n == 0 {
                     Ok(())
-                } else if cs == 1 && (k == 1 || rs >= n) {
-                    kiln_kernels::gemm::pack_b_into(src, k, n, if k == 1 { n } else { rs }, false, dst)
-                } else if rs == 1 && (n == 1 || cs >= k) {
-                    kiln_kernels::gemm::pack_b_into(src, k, n, if n == 1 { k } else { cs }, true, dst)
+                } else if *transposed && offset == 0 && cs == 1 && rs == slot.shape[0] && k <= slot.shape[1] && n <= slot.shape[0] {
+                    // Storage = checkpoint [r, c] transposed: B(p, j) = storage[p·r + j] = ckpt[j·c + p].
+                    kiln_kernels::gemm::pack_b_into(ckpt, k, n, slot.shape[1], true, dst)
                 } else {
-                    let mut dense = vec![0f32; k * n];
-                    for p in 0..k {
-                        for j in 0..n {
-                            dense[p * n + j] = src[p * rs + j * cs];
+                    let tr;
+                    let storage: &[f32] = if *transposed {
+                        let (r, c) = (slot.shape[0], slot.shape[1]);
+                        let mut v = vec![0f32; ckpt.len()];
+                        for i in 0..r {
+                            for j in 0..c {
+                                v[j * r + i] = ckpt[i * c + j];
+                            }
                         }
+                        tr = v;
+                        &tr
+                    } else {
+                        ckpt
+                    };
+                    let src = &storage[offset.min(storage.len())..];
+                    if cs == 1 && (k == 1 || rs >= n) {
+                        kiln_kernels::gemm::pack_b_into(src, k, n, if k == 1 { n } else { rs }, false, dst)
+                    } else if rs == 1 && (n == 1 || cs >= k) {
+                        kiln_kernels::gemm::pack_b_into(src, k, n, if n == 1 { k } else { cs }, true, dst)
+                    } else {
+                        let mut dense = vec![0f32; k * n];
+                        for p in 0..k {
+                            for j in 0..n {
+                                dense[p * n + j] = src[p * rs + j * cs];
+                            }
+                        }
+                        kiln_kernels::gemm::pack_b_into(&dense, k, n, n, false, dst)
                     }
-                    kiln_kernels::gemm::pack_b_into(&dense, k, n, n, false, dst)
                 };
                 r.map_err(|e| bad(format!("cannot pack: {e}")))?;
                 Ok(Prepared::Owned(a))
