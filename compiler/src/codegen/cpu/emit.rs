@@ -236,21 +236,19 @@ impl<'a, 'p> Fx<'a, 'p> {
 
     /// `for (i = lo; i < hi; i += step) body(i)` (signed compare).
     pub fn for_range(&mut self, lo: Value, hi: Value, step: i64, body: &mut dyn FnMut(&mut Self, Value)) {
-        let header = self.b.create_block();
-        self.b.append_block_param(header, I64);
+        // Rotated: one guard, then the test at the bottom (one compare-and-branch per trip).
         let inner = self.b.create_block();
+        self.b.append_block_param(inner, I64);
         let exit = self.b.create_block();
-        self.b.ins().jump(header, &[lo.into()]);
-        self.b.switch_to_block(header);
-        let i = self.b.block_params(header)[0];
-        let c = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
-        self.b.ins().brif(c, inner, &[], exit, &[]);
+        let c0 = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
+        self.b.ins().brif(c0, inner, &[lo.into()], exit, &[]);
         self.b.switch_to_block(inner);
-        self.b.seal_block(inner);
+        let i = self.b.block_params(inner)[0];
         body(self, i);
         let next = self.b.ins().iadd_imm_s(i, step);
-        self.b.ins().jump(header, &[next.into()]);
-        self.b.seal_block(header);
+        let c = self.b.ins().icmp(IntCC::SignedLessThan, next, hi);
+        self.b.ins().brif(c, inner, &[next.into()], exit, &[]);
+        self.b.seal_block(inner);
         self.b.switch_to_block(exit);
         self.b.seal_block(exit);
     }

@@ -31,16 +31,16 @@ pub(crate) fn emit_norm(fx: &mut Fx, k: &Kernel, kind: NormKind, eps: f32, prolo
     rows.emit(fx, tasks > 1, &mut |fx, rows, rp| {
         let zv = fx.fconst(0.0, 4);
         let zs = fx.fconst(0.0, 1);
-        let va = fx.var(F32X4, zv);
+        let va = [fx.var(F32X4, zv), fx.var(F32X4, zv)];
         let sa = fx.var(F32, zs);
         // Pass 1: x, its sum (or sum of squares).
-        rows.cols_loop(fx, &mut |fx, i, w| {
+        rows.cols_loop(fx, &mut |fx, i, w, slot| {
             let x = rows.prologue_at(fx, rp, i, w);
             if rows.store_x() {
                 let a = rows.out_addr(fx, rp, i);
                 fx.store_f(DType::F32, x, a);
             }
-            let var = if w == 4 { va } else { sa };
+            let var = if w == 4 { va[slot] } else { sa };
             let acc = fx.b.use_var(var);
             let acc = match kind {
                 NormKind::LayerNorm => fx.b.ins().fadd(acc, x),
@@ -48,7 +48,7 @@ pub(crate) fn emit_norm(fx: &mut Fx, k: &Kernel, kind: NormKind, eps: f32, prolo
             };
             fx.b.def_var(var, acc);
         });
-        let v = fx.b.use_var(va);
+        let v = [fx.b.use_var(va[0]), fx.b.use_var(va[1])];
         let s = fx.b.use_var(sa);
         let total = rows.combine(fx, v, s, false);
         let n = fx.b.ins().f32const(cols);
@@ -58,19 +58,19 @@ pub(crate) fn emit_norm(fx: &mut Fx, k: &Kernel, kind: NormKind, eps: f32, prolo
                 // Pass 2: squared deviations.
                 let zv = fx.fconst(0.0, 4);
                 let zs = fx.fconst(0.0, 1);
-                let va2 = fx.var(F32X4, zv);
+                let va2 = [fx.var(F32X4, zv), fx.var(F32X4, zv)];
                 let sa2 = fx.var(F32, zs);
                 let mean4 = fx.splat(mean);
-                rows.cols_loop(fx, &mut |fx, i, w| {
+                rows.cols_loop(fx, &mut |fx, i, w, slot| {
                     let x = rows.x_at(fx, rp, i, w);
                     let m = if w == 4 { mean4 } else { mean };
                     let d = fx.b.ins().fsub(x, m);
-                    let var = if w == 4 { va2 } else { sa2 };
+                    let var = if w == 4 { va2[slot] } else { sa2 };
                     let acc = fx.b.use_var(var);
                     let acc = fx.fma(d, d, acc);
                     fx.b.def_var(var, acc);
                 });
-                let v = fx.b.use_var(va2);
+                let v = [fx.b.use_var(va2[0]), fx.b.use_var(va2[1])];
                 let s = fx.b.use_var(sa2);
                 let ss = rows.combine(fx, v, s, false);
                 (Some(mean), fx.b.ins().fdiv(ss, n))
@@ -85,7 +85,7 @@ pub(crate) fn emit_norm(fx: &mut Fx, k: &Kernel, kind: NormKind, eps: f32, prolo
         let rstd4 = fx.splat(rstd);
         let mean4 = mean.map(|m| fx.splat(m));
         // Pass 3: normalize, scale, shift.
-        rows.cols_loop(fx, &mut |fx, i, w| {
+        rows.cols_loop(fx, &mut |fx, i, w, _| {
             let x = rows.x_at(fx, rp, i, w);
             let x = match (mean, w) {
                 (Some(_), 4) => fx.b.ins().fsub(x, mean4.unwrap()),

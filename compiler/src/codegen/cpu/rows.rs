@@ -87,18 +87,29 @@ impl<'k> Rows<'k> {
         });
     }
 
-    /// Column pass `body(i, w)` over `0..cols`: 4 lanes while they fit, then single lanes.
-    pub fn cols_loop(&self, fx: &mut Fx, body: &mut dyn FnMut(&mut Fx, Value, usize)) {
+    /// Column pass `body(i, w, slot)` over `0..cols`: 8 columns per trip as two 4-lane halves
+    /// (`slot` 0 and 1, so reductions can keep two independent accumulators), then one 4-lane
+    /// step if 4 columns remain, then single lanes (`slot` 0).
+    pub fn cols_loop(&self, fx: &mut Fx, body: &mut dyn FnMut(&mut Fx, Value, usize, usize)) {
+        let c8 = if self.vec { self.cols / 8 * 8 } else { 0 };
         let c4 = if self.vec { self.cols / 4 * 4 } else { 0 };
-        if c4 > 0 {
+        if c8 > 0 {
             let lo = fx.iconst(0);
-            let hi = fx.iconst(c4 as i64);
-            fx.for_range(lo, hi, 4, &mut |fx, i| body(fx, i, 4));
+            let hi = fx.iconst(c8 as i64);
+            fx.for_range(lo, hi, 8, &mut |fx, i| {
+                body(fx, i, 4, 0);
+                let i4 = fx.add_imm(i, 4);
+                body(fx, i4, 4, 1);
+            });
+        }
+        if c4 > c8 {
+            let i = fx.iconst(c8 as i64);
+            body(fx, i, 4, 0);
         }
         if c4 < self.cols {
             let lo = fx.iconst(c4 as i64);
             let hi = fx.iconst(self.cols as i64);
-            fx.for_range(lo, hi, 1, &mut |fx, i| body(fx, i, 1));
+            fx.for_range(lo, hi, 1, &mut |fx, i| body(fx, i, 1, 0));
         }
     }
 
@@ -134,15 +145,17 @@ impl<'k> Rows<'k> {
         }
     }
 
-    /// Reduces a vector and a scalar accumulator (the two parts of a column pass).
-    pub fn combine(&self, fx: &mut Fx, v: Value, s: Value, max: bool) -> Value {
+    /// Reduces two vector accumulators and a scalar one (the parts of a column pass).
+    pub fn combine(&self, fx: &mut Fx, v: [Value; 2], s: Value, max: bool) -> Value {
         if !self.vec || self.cols < 4 {
             return s;
         }
         if max {
+            let v = fx.b.ins().fmax(v[0], v[1]);
             let h = fx.hmax(v);
             fx.b.ins().fmax(h, s)
         } else {
+            let v = fx.b.ins().fadd(v[0], v[1]);
             let h = fx.hsum(v);
             fx.b.ins().fadd(h, s)
         }

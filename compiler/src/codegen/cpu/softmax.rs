@@ -17,28 +17,28 @@ pub(crate) fn emit_softmax(fx: &mut Fx, k: &Kernel, prologue: &Expr) -> u32 {
     rows.emit(fx, tasks > 1, &mut |fx, rows, rp| {
         let ninf_v = fx.fconst(f32::NEG_INFINITY, 4);
         let ninf_s = fx.fconst(f32::NEG_INFINITY, 1);
-        let vm = fx.var(F32X4, ninf_v);
+        let vm = [fx.var(F32X4, ninf_v), fx.var(F32X4, ninf_v)];
         let sm = fx.var(F32, ninf_s);
-        rows.cols_loop(fx, &mut |fx, i, w| {
+        rows.cols_loop(fx, &mut |fx, i, w, slot| {
             let x = rows.prologue_at(fx, rp, i, w);
             if rows.store_x() {
                 let a = rows.out_addr(fx, rp, i);
                 fx.store_f(DType::F32, x, a);
             }
-            let var = if w == 4 { vm } else { sm };
+            let var = if w == 4 { vm[slot] } else { sm };
             let m = fx.b.use_var(var);
             let m = fx.b.ins().fmax(m, x);
             fx.b.def_var(var, m);
         });
-        let v = fx.b.use_var(vm);
+        let v = [fx.b.use_var(vm[0]), fx.b.use_var(vm[1])];
         let s = fx.b.use_var(sm);
         let mx = rows.combine(fx, v, s, true);
         let mx4 = fx.splat(mx);
         let zv = fx.fconst(0.0, 4);
         let zs = fx.fconst(0.0, 1);
-        let vs = fx.var(F32X4, zv);
+        let vs = [fx.var(F32X4, zv), fx.var(F32X4, zv)];
         let ss = fx.var(F32, zs);
-        rows.cols_loop(fx, &mut |fx, i, w| {
+        rows.cols_loop(fx, &mut |fx, i, w, slot| {
             let x = rows.x_at(fx, rp, i, w);
             let d = fx.b.ins().fsub(x, if w == 4 { mx4 } else { mx });
             let e = math::exp(fx, d);
@@ -46,18 +46,18 @@ pub(crate) fn emit_softmax(fx: &mut Fx, k: &Kernel, prologue: &Expr) -> u32 {
                 let a = rows.out_addr(fx, rp, i);
                 fx.store_f(DType::F32, e, a);
             }
-            let var = if w == 4 { vs } else { ss };
+            let var = if w == 4 { vs[slot] } else { ss };
             let acc = fx.b.use_var(var);
             let acc = fx.b.ins().fadd(acc, e);
             fx.b.def_var(var, acc);
         });
-        let v = fx.b.use_var(vs);
+        let v = [fx.b.use_var(vs[0]), fx.b.use_var(vs[1])];
         let s = fx.b.use_var(ss);
         let sum = rows.combine(fx, v, s, false);
         let one = fx.b.ins().f32const(1.0);
         let inv = fx.b.ins().fdiv(one, sum);
         let inv4 = fx.splat(inv);
-        rows.cols_loop(fx, &mut |fx, i, w| {
+        rows.cols_loop(fx, &mut |fx, i, w, _| {
             let e = if rows.store_x() {
                 let a = rows.out_addr(fx, rp, i);
                 fx.load_f(DType::F32, a, w)
