@@ -317,6 +317,11 @@ pub(crate) fn emit_gemm(
     };
     let (sa_i, sa_p) = strides2(a);
     let fused_c = fused;
+    // Work split: the kernel's own (inside one call, over the table's pool), or ours (this
+    // function runs as `n_tasks` tasks, each one call on a range of rows or column panels;
+    // nested pool use inside runs inline).
+    let split = choose_split(fx.env.threads, m, n, kk, nb == 0 && packed_slot.is_some() && lda_direct.is_some() && fused.is_some());
+    let per_thread = gemm_scratch_len(m, n, kk, 1) as i64;
     fx.nest(&bdims, &ptrs, &bbytes, None, &mut |fx, p| {
         let bpk = match prepacked {
             Some(v) => v,
@@ -334,22 +339,58 @@ pub(crate) fn emit_gemm(
             None => (p[2], ldc),
             Some(off) => (fx.scratch_ptr(off), n),
         };
+        // This call's part: all of it, or this task's rows / column panels.
+        let (mut mv_, mut nv_, mut aptr, mut bpk, mut cptr) = (fx.iconst(m as i64), fx.iconst(n as i64), aptr, bpk, cptr);
+        let (mut apack_t, mut apack_len_t) = (apack, apack_len);
+        let (mut row0, mut col0) = (None, None);
+        match split {
+            GemmSplit::Kernel => {}
+            GemmSplit::Rows => {
+                let (r0, r1) = fx.task_range(m, kiln_kernels::gemm::MR);
+                mv_ = fx.b.ins().isub(r1, r0);
+                aptr = fx.offset(aptr, r0, (lda * 4) as i64);
+                cptr = fx.offset(cptr, r0, (ldc_v * 4) as i64);
+                row0 = Some(r0);
+            }
+            GemmSplit::Panels => {
+                let nr = kiln_kernels::gemm::NR;
+                let (j0, j1) = fx.task_range(n, nr);
+                nv_ = fx.b.ins().isub(j1, j0);
+                bpk = fx.offset(bpk, j0, (kk * 4) as i64);
+                cptr = fx.offset(cptr, j0, 4);
+                col0 = Some(j0);
+            }
+        }
+        if split != GemmSplit::Kernel {
+            apack_t = fx.offset(apack, fx.task, per_thread * 4);
+            apack_len_t = fx.iconst(per_thread);
+        }
         if let Some(f) = fused_c {
             let bias = match f.bias {
-                Some(l) => p[3 + (l - 2)],
+                Some(l) => match col0 {
+                    Some(j0) => fx.offset(p[3 + (l - 2)], j0, 4),
+                    None => p[3 + (l - 2)],
+                },
                 None => fx.iconst(0),
             };
             fx.b.ins().store(mf(), bias, epi, 0);
             let res = match f.residual {
-                Some(l) => p[3 + (l - 2)],
+                Some(l) => {
+                    let r = p[3 + (l - 2)];
+                    match (row0, col0) {
+                        (Some(r0), _) => fx.offset(r, r0, (rstride * 4) as i64),
+                        (_, Some(j0)) => fx.offset(r, j0, 4),
+                        _ => r,
+                    }
+                }
                 None => fx.iconst(0),
             };
             fx.b.ins().store(mf(), res, epi, 8);
         }
         let args = [
             fx.table,
-            fx.iconst(m as i64),
-            fx.iconst(n as i64),
+            mv_,
+            nv_,
             fx.iconst(kk as i64),
             aptr,
             fx.iconst(lda as i64),
@@ -358,8 +399,8 @@ pub(crate) fn emit_gemm(
             fx.iconst(ldc_v as i64),
             fx.iconst(accumulate as i64),
             epi,
-            apack,
-            apack_len,
+            apack_t,
+            apack_len_t,
         ];
         let st = fx.call_table(KernelTable::OFF_GEMM_F32, &args, true).expect("gemm returns a status");
         fx.check_status(st);
@@ -388,5 +429,36 @@ pub(crate) fn emit_gemm(
             emit_map(fx, &[m, n], &mv, false, MapBody::Float(&mut body));
         }
     });
-    1
+    if split == GemmSplit::Kernel {
+        1
+    } else {
+        fx.env.threads as u32
+    }
+}
+
+/// Who splits a GEMM across threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmSplit {
+    /// One call; the kernel splits it over the table's pool.
+    Kernel,
+    /// One task per thread, each on a range of rows (A packed once in total).
+    Rows,
+    /// One task per thread, each on a range of 16-column panels.
+    Panels,
+}
+
+/// The split of an unbatched GEMM with a pre-packed B (`ours_ok`); `KILN_GEMM_SPLIT`
+/// (`kernel`, `rows`, `panels`) overrides the choice for experiments.
+fn choose_split(threads: usize, m: usize, n: usize, k: usize, ours_ok: bool) -> GemmSplit {
+    if threads <= 1 || !ours_ok || m * n * k.max(1) < (1 << 17) {
+        return GemmSplit::Kernel;
+    }
+    let mr = kiln_kernels::gemm::MR;
+    let nr = kiln_kernels::gemm::NR;
+    match std::env::var("KILN_GEMM_SPLIT").as_deref() {
+        Ok("kernel") => GemmSplit::Kernel,
+        Ok("rows") if m.div_ceil(mr) >= threads => GemmSplit::Rows,
+        Ok("panels") if n.div_ceil(nr) >= threads => GemmSplit::Panels,
+        _ => GemmSplit::Kernel,
+    }
 }
