@@ -178,6 +178,7 @@ fn b_packable(t: &TensorRef, dt: DType, k: usize, n: usize) -> Option<(usize, bo
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Copies an `rows × cols` strided matrix (element strides `rs`, `cs`) to dense f32 at `dst`.
 fn copy_dense(fx: &mut Fx, src: Value, dt: DType, rows: usize, cols: usize, rs: usize, cs: usize, dst: Value) {
     let views = [

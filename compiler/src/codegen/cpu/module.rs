@@ -130,7 +130,7 @@ pub fn compile_function(isa: &Isa, func: Function, ctx: &mut Context) -> Result<
 
 /// Appends `bytes` to `code` at a 16-byte boundary (padding with `int3`); returns the offset.
 pub fn append_aligned(code: &mut Vec<u8>, bytes: &[u8]) -> u32 {
-    while code.len() % 16 != 0 {
+    while !code.len().is_multiple_of(16) {
         code.push(0xCC);
     }
     let at = code.len() as u32;
