@@ -123,3 +123,23 @@ fn minilm_precompiled_cpu_matches_golden() {
     let artifact = Artifact::from_bytes(&artifact.to_bytes()).unwrap();
     check_backend(PrecompiledCpu::with_threads(artifact, Threads::Count(2)), &m, &weights, &g);
 }
+
+/// Lowering one MiniLM bucket (middle-end + Cranelift for every kernel + load) stays under
+/// 150 ms in release builds (weights were packed once at upload). Debug builds only print.
+#[test]
+fn minilm_cpu_lowering_is_fast() {
+    let Some(dir) = model_dir() else { return };
+    let m = SentenceModel::open(&dir, BertOutputs::default()).unwrap();
+    let weights = m.load_weights().unwrap();
+    let be = CpuBackend::new().unwrap();
+    let w = be.upload(&weights, &m.graph).unwrap();
+    for b in [Bucket::new(1, 128), Bucket::new(8, 128)] {
+        let t = std::time::Instant::now();
+        let (_, times) = be.lower_timed(&w, &m.graph, b).unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        println!("lowering {b}: {ms:.1} ms ({times:?})");
+        if !cfg!(debug_assertions) {
+            assert!(ms < 150.0, "lowering {b} took {ms:.1} ms");
+        }
+    }
+}
