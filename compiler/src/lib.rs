@@ -2,14 +2,15 @@
 //! backends that lower a graph for one bucket.
 
 pub mod backends;
+pub mod build;
 pub mod codegen;
-pub mod golden;
 pub mod ir;
-pub mod models;
-pub mod kernel_ir;
-pub mod fuse;
 pub mod kernel_eval;
+pub mod kernel_ir;
 pub mod memory_plan;
+pub mod fuse;
+pub mod golden;
+pub mod models;
 pub mod passes;
 pub mod pipeline;
 pub mod testing;
