@@ -21,6 +21,9 @@ use super::elementwise::{coalesce, materialize, store_dense};
 use super::emit::{mf, Fx};
 use crate::kernel_ir::{dense_strides, Kernel, TensorRef};
 
+// Emitted for exactly this entry signature (see gemm.rs).
+const _: unsafe extern "C" fn(*const KernelTable, *const AttentionArgs) -> i32 = kiln_kernels::table::raw_attention_f32;
+
 fn direct(t: &TensorRef, dt: DType) -> bool {
     let r = t.rank();
     dt == DType::F32 && (t.strides[r - 1] == 1 || t.shape[r - 1] == 1)

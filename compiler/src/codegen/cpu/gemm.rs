@@ -24,6 +24,32 @@ use super::emit::{mf, Fx};
 use super::expr::emit_expr;
 use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, TensorRef};
 
+// The calls below are emitted for these exact entry signatures: a change in kiln-kernels must
+// fail to compile here rather than be called with the wrong arguments.
+const _: kiln_kernels::table::GemmFn = kiln_kernels::table::raw_gemm_f32;
+const _: unsafe extern "C" fn(
+    *const KernelTable,
+    usize,
+    usize,
+    usize,
+    *const f32,
+    usize,
+    *const f32,
+    *mut f32,
+    usize,
+    usize,
+    *const kiln_kernels::gemm::Epilogue,
+    *mut f32,
+    usize,
+) -> i32 = kiln_kernels::table::raw_gemm_f32;
+const _: unsafe extern "C" fn(*const f32, usize, usize, usize, usize, *mut f32) = kiln_kernels::table::raw_pack_b_f32;
+const _: () = assert!(std::mem::size_of::<kiln_kernels::gemm::Epilogue>() == 32);
+const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, bias) == 0);
+const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, residual) == 8);
+const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, residual_stride) == 16);
+const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, activation) == 24);
+const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, scale) == 28);
+
 /// The microkernel epilogue an expression maps onto.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fused {
@@ -34,13 +60,14 @@ pub(crate) struct Fused {
 }
 
 fn activation(op: UnaryOp) -> Option<u32> {
+    use kiln_kernels::math::Activation;
     Some(match op {
-        UnaryOp::Relu => 1,
-        UnaryOp::Gelu => 2,
-        UnaryOp::Tanh => 4,
-        UnaryOp::Silu => 6,
+        UnaryOp::Relu => Activation::Relu,
+        UnaryOp::Gelu => Activation::GeluErf,
+        UnaryOp::Tanh => Activation::Tanh,
+        UnaryOp::Silu => Activation::Silu,
         _ => return None,
-    })
+    } as u32)
 }
 
 /// Operands of a tree of `Add`s rooted at `id`.
