@@ -48,6 +48,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let cos = cosine(got, want);
     let max_abs = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    println!("{what}: cosine {cos:.9}, max abs diff {max_abs:.2e}");
     assert!(cos >= 0.99999, "{what}: cosine {cos} < 0.99999");
     assert!(max_abs <= 1e-4, "{what}: max abs diff {max_abs} > 1e-4");
 }
