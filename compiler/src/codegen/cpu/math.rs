@@ -1,7 +1,8 @@
 //! Transcendental functions emitted inline as Cranelift IR, on `f32` or `f32x4` values.
 //!
-//! Same algorithms and coefficients as `kiln_kernels::math` (the GEMM epilogues' activations),
-//! so a GELU fused into an elementwise kernel and one fused into a GEMM agree:
+//! The algorithms (and exp's coefficients) follow `kiln_kernels::math`, whose GEMM epilogues
+//! apply the same activations; the kernels' GELU has since moved to an erfc form without
+//! cancellation for negative x, so the two GELUs agree to about 1e-7 absolute, not bit for bit:
 //! - `exp`: Cody–Waite reduction `x = n·ln2 + r` (n rounded with the 1.5·2²³ trick, two-part
 //!   ln2), `exp(r) ≈ 1 + r + r²·P(r)` with P of degree 4, scaling by 2ⁿ in two halves so
 //!   results down to the subnormal range are right. `x > 88.72` → +inf, `x < -104` → 0.
