@@ -41,8 +41,12 @@ enum Cmd {
         /// default and absent.
         #[arg(long)]
         model: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "reference")]
+        #[arg(long, value_enum, default_value = "cpu")]
         backend: BackendKind,
+        /// Run precompiled plans from this artifact (`kiln compile -o`) through the thin runtime
+        /// (`kiln_runtime::cpu::PrecompiledCpu`): nothing is compiled.
+        #[arg(long, conflicts_with = "backend")]
+        plan: Option<PathBuf>,
         /// Print `{"embeddings": [[...], ...]}` only.
         #[arg(long)]
         json: bool,
@@ -64,6 +68,13 @@ enum Cmd {
         /// memory_plan).
         #[arg(long)]
         dump_after: Option<String>,
+        /// Write the compiled plans of every bucket into one artifact file.
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+        /// Target of the artifact: `cpu` (x86-64 with AVX2+FMA, portable), `cpu-native` (this
+        /// machine's every feature) or `cuda:sm_XY` (PTX/cubin via NVRTC; no GPU needed).
+        #[arg(long, default_value = "cpu")]
+        target: String,
     },
     /// Time one forward pass per bucket after warm-up (full-length sequences): prints the
     /// lowering time and `median N ms`.
@@ -111,24 +122,25 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { model, backend, json, texts } => {
+        Cmd::Embed { model, backend, plan, json, texts } => {
             let dir = resolve_model(model)?;
             let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-            let embeddings = match backend {
-                BackendKind::Reference => embed_with(ReferenceBackend, &m, &texts)?,
-                BackendKind::Cuda => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
-                BackendKind::Cpu => {
-                    return Err(Error::Unsupported(format!("backend {backend:?} is not available in this build")))
-                }
+            let embeddings = match (plan, backend) {
+                (Some(p), _) => embed_precompiled(&p, &m, &texts)?,
+                (None, BackendKind::Reference) => embed_with(ReferenceBackend, &m, &texts)?,
+                (None, BackendKind::Cuda) => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
+                (None, BackendKind::Cpu) => embed_with(kiln_compiler::backends::cpu::CpuBackend::new()?, &m, &texts)?,
             };
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
-        Cmd::Compile { model, bucket, report, dump_after } => {
+        Cmd::Compile { model, bucket, report, dump_after, output, target } => {
             let dir = resolve_model(model)?;
             let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
+            let mut plans = Vec::new();
+            let artifact_target = output.as_ref().map(|_| ArtifactTarget::parse(&target)).transpose()?;
             for (i, &b) in buckets.iter().enumerate() {
                 eprintln!("[{}/{}] compiling bucket {b}", i + 1, buckets.len());
                 if let Some(stage) = &dump_after {
@@ -141,6 +153,17 @@ fn run(cli: Cli) -> Result<()> {
                     println!("{}", pipeline::report_of(&m.graph, &lowered).to_string().trim_end());
                     println!("middle-end time: {ms:.1} ms");
                 }
+                if let Some(t) = &artifact_target {
+                    let start = std::time::Instant::now();
+                    let p = t.compile(&m.graph, b)?;
+                    eprintln!("      code generated in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+                    plans.push((b, p));
+                }
+            }
+            if let (Some(out), Some(t)) = (output, artifact_target) {
+                let bytes = kiln_runtime::artifact::Artifact::new(&m.graph, t.artifact_target(), plans).to_bytes();
+                std::fs::write(&out, &bytes).map_err(|e| Error::io(&out, &e))?;
+                eprintln!("wrote {} ({} bytes, {} bucket(s))", out.display(), bytes.len(), buckets.len());
             }
             Ok(())
         }
@@ -262,6 +285,70 @@ fn inspect(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// What `kiln compile -o` writes code for.
+enum ArtifactTarget {
+    Cpu(kiln_compiler::backends::cpu::CpuBackend),
+    Cuda(kiln_compiler::codegen::cuda::CudaTarget),
+}
+
+impl ArtifactTarget {
+    fn parse(s: &str) -> Result<Self> {
+        use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+        use kiln_compiler::codegen::cpu::CpuTarget;
+        let cpu = |target| CpuBackend::with_options(CpuOptions { target, ..Default::default() }).map(ArtifactTarget::Cpu);
+        match s {
+            "cpu" | "x86-64-v3" => cpu(CpuTarget::x86_64_v3()),
+            "cpu-native" => cpu(CpuTarget::Host),
+            _ => match s.strip_prefix("cuda:") {
+                Some(arch) => Ok(ArtifactTarget::Cuda(kiln_compiler::codegen::cuda::CudaTarget::new(arch)?)),
+                None => Err(Error::Unsupported(format!("unknown target `{s}` (cpu, cpu-native, cuda:sm_XY)"))),
+            },
+        }
+    }
+
+    fn compile(&self, graph: &kiln_runtime::Graph, b: Bucket) -> Result<kiln_runtime::artifact::PlanPayload> {
+        use kiln_runtime::artifact::PlanPayload;
+        match self {
+            ArtifactTarget::Cpu(be) => Ok(PlanPayload::Cpu(be.compile(graph, b, false)?.0.image)),
+            ArtifactTarget::Cuda(t) => {
+                let c = kiln_compiler::codegen::cuda::compile_graph(graph, b, t)?;
+                let bytes = bincode::serde::encode_to_vec(&c.spec, bincode::config::standard())
+                    .map_err(|e| Error::Backend(format!("cannot encode the GPU plan: {e}")))?;
+                Ok(PlanPayload::Cuda(bytes))
+            }
+        }
+    }
+
+    fn artifact_target(&self) -> kiln_runtime::artifact::Target {
+        use kiln_runtime::artifact::Target;
+        match self {
+            ArtifactTarget::Cpu(be) => Target::CpuX86_64 { features: be.isa().features.clone() },
+            ArtifactTarget::Cuda(t) => Target::Cuda { major: t.sm / 10, minor: t.sm % 10 },
+        }
+    }
+}
+
+/// Embeds through precompiled plans only: the artifact's own graph, `PrecompiledCpu` (no
+/// compiler), buckets as in the artifact.
+fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+    use kiln_runtime::artifact::Artifact;
+    use kiln_runtime::cpu::PrecompiledCpu;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let artifact = Artifact::from_bytes(&bytes).map_err(|e| match e {
+        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
+        other => other,
+    })?;
+    let graph = artifact.body.graph.clone();
+    let buckets = artifact.header.buckets.clone();
+    let weights = kiln_runtime::load_graph_weights(
+        &kiln_runtime::SafetensorsLoader::new(),
+        &m.dir.join("model.safetensors"),
+        &graph.weights,
+    )?;
+    let engine = Engine::new(PrecompiledCpu::new(artifact), graph, &weights, &buckets, LowerPolicy::Jit)?;
+    embed_ids(&engine, &m.tokenize(texts)?)
+}
+
 /// The model directory: the one given, or the default one (fetched when absent).
 fn resolve_model(model: Option<PathBuf>) -> Result<PathBuf> {
     match model {
@@ -301,20 +388,23 @@ fn embed_with<B: Backend>(backend: B, m: &SentenceModel, texts: &[&str]) -> Resu
 }
 
 fn print_embeddings(texts: &[&str], emb: &[Vec<f32>], json: bool) {
+    use std::fmt::Write as _;
+    let mut s = String::new();
     if json {
-        let v = serde_json::json!({ "embeddings": emb });
-        println!("{v}");
-        return;
-    }
-    for (t, e) in texts.iter().zip(emb) {
-        let head: Vec<String> = e.iter().take(6).map(|x| format!("{x:+.5}")).collect();
-        println!("{t:?}\n  dim {}: [{}, ...]", e.len(), head.join(", "));
-    }
-    if emb.len() > 1 {
-        println!("cosine similarity:");
-        for (i, a) in emb.iter().enumerate() {
-            let row: Vec<String> = emb.iter().map(|b| format!("{:.4}", cosine(a, b))).collect();
-            println!("  [{i}] {}", row.join("  "));
+        let _ = writeln!(s, "{}", serde_json::json!({ "embeddings": emb }));
+    } else {
+        for (t, e) in texts.iter().zip(emb) {
+            let head: Vec<String> = e.iter().take(6).map(|x| format!("{x:+.5}")).collect();
+            let _ = writeln!(s, "{t:?}\n  dim {}: [{}, ...]", e.len(), head.join(", "));
+        }
+        if emb.len() > 1 {
+            let _ = writeln!(s, "cosine similarity:");
+            for (i, a) in emb.iter().enumerate() {
+                let row: Vec<String> = emb.iter().map(|b| format!("{:.4}", cosine(a, b))).collect();
+                let _ = writeln!(s, "  [{i}] {}", row.join("  "));
+            }
         }
     }
+    // A closed pipe (`kiln embed ... | head`) is not an error worth a panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), s.as_bytes());
 }
