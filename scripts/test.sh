@@ -23,3 +23,20 @@ cargo run -q --bin kiln -- fetch-model minilm --dir "$KILN_MODEL_DIR"
 
 echo "== cargo test --workspace"
 cargo test --workspace "$@"
+
+# The build-time precompilation example (plans compiled by build.rs, run by kiln-runtime alone)
+# must print the embeddings `kiln embed` prints for the same text.
+echo "== examples/minilm-aot vs kiln embed"
+text="Plans compiled at build time run without the compiler."
+aot=$(cargo run -q -p minilm-aot -- --model "$KILN_MODEL_DIR" "$text")
+jit=$(cargo run -q --bin kiln -- embed --model "$KILN_MODEL_DIR" --json "$text")
+python3 - "$aot" "$jit" <<'PY'
+import json, sys
+a = json.loads(sys.argv[1])["embeddings"][0]
+b = json.loads(sys.argv[2])["embeddings"][0]
+d = max(abs(x - y) for x, y in zip(a, b))
+print(f"minilm-aot vs kiln embed: {len(a)} dims, max abs diff {d:.3g}")
+if len(a) != len(b) or d > 1e-6:
+    sys.exit("the build-time example disagrees with kiln embed")
+PY
+echo "1 passed, 0 failed"

@@ -1,0 +1,117 @@
+//! The `kiln` binary end to end: compile → artifact → inspect → embed through the thin runtime,
+//! the compile report, and the errors a user sees.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("KILN_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2"));
+    if kiln::fetch::is_complete(&dir) {
+        return Some(dir);
+    }
+    let msg = format!("MiniLM not found in {} (run `kiln fetch-model minilm`)", dir.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}: the CLI tests must run in CI");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+fn kiln(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("kiln runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn embeddings(json: &str) -> Vec<Vec<f64>> {
+    let v: Value = serde_json::from_str(json).expect("json output");
+    v["embeddings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .collect()
+}
+
+fn golden_sentence0() -> (String, Vec<f64>) {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/minilm/golden.json");
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let s = &g["sentences"][0];
+    (s["text"].as_str().unwrap().to_string(), s["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+}
+
+fn max_abs(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn compile_inspect_and_embed_through_a_plan() {
+    let Some(dir) = model_dir() else { return };
+    let d = dir.to_str().unwrap();
+    let tmp = std::env::temp_dir().join(format!("kiln-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let plan = tmp.join("minilm.kiln");
+    let p = plan.to_str().unwrap();
+
+    let (ok, out, err) = kiln(&["compile", "--model", d, "--bucket", "1x16,2x32", "--target", "cpu", "--report", "-o", p]);
+    assert!(ok, "{err}");
+    assert!(err.contains("[1/2] compiling bucket 1x16") && err.contains("[2/2] compiling bucket 2x32"), "{err}");
+    for line in ["ops before: ", "kernels after: ", "arena bytes: ", "naive bytes: ", "lower bound bytes: "] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+
+    let (ok, out, err) = kiln(&["inspect", p]);
+    assert!(ok, "{err}");
+    assert!(out.contains("bucket 1x16: 66 kernels") && out.contains("bucket 2x32"), "{out}");
+
+    let (text, want) = golden_sentence0();
+    let (ok, out, err) = kiln(&["embed", "--plan", p, "--model", d, "--json", &text]);
+    assert!(ok, "{err}");
+    let got = embeddings(&out);
+    assert!(max_abs(&got[0], &want) <= 1e-4, "plan vs golden: {}", max_abs(&got[0], &want));
+
+    // The JIT CPU backend gives the same numbers.
+    let (ok, out, err) = kiln(&["embed", "--backend", "cpu", "--model", d, "--json", &text]);
+    assert!(ok, "{err}");
+    assert!(max_abs(&embeddings(&out)[0], &got[0]) <= 1e-6);
+
+    // A text longer than every bucket: an error naming the largest bucket.
+    let long = "word ".repeat(60);
+    let (ok, _, err) = kiln(&["embed", "--plan", p, "--model", d, &long]);
+    assert!(!ok && err.contains("fit no bucket") && err.contains("largest: 2 rows, 32 tokens"), "{err}");
+
+    // A damaged artifact is rejected with the file named, and nothing runs.
+    let mut bytes = std::fs::read(&plan).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    let bad = tmp.join("bad.kiln");
+    std::fs::write(&bad, &bytes).unwrap();
+    let (ok, _, err) = kiln(&["embed", "--plan", bad.to_str().unwrap(), "--model", d, "x"]);
+    assert!(!ok && err.contains("bad.kiln") && err.contains("checksum"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn user_errors_are_one_line() {
+    let (ok, _, err) = kiln(&["embed", "--model", "/nonexistent-model-dir", "x"]);
+    assert!(!ok && err.starts_with("error: /nonexistent-model-dir: not a model directory"), "{err}");
+    let (ok, _, err) = kiln(&["compile", "--model", "/nonexistent-model-dir", "--bucket", "8by128"]);
+    assert!(!ok && err.contains("error:"), "{err}");
+    let (ok, _, err) = kiln(&["inspect", "/nonexistent.kiln"]);
+    assert!(!ok && err.trim().lines().count() == 1, "{err}");
+}
+
+#[test]
+fn cuda_without_a_driver_is_a_one_line_error() {
+    let Some(dir) = model_dir() else { return };
+    let (ok, _, err) = kiln(&["embed", "--backend", "cuda", "--model", dir.to_str().unwrap(), "x"]);
+    if ok {
+        eprintln!("SKIPPED: this machine has a CUDA driver");
+        return;
+    }
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("driver"), "{err}");
+}
