@@ -39,4 +39,3 @@ print(f"minilm-aot vs kiln embed: {len(a)} dims, max abs diff {d:.3g}")
 if len(a) != len(b) or d > 1e-6:
     sys.exit("the build-time example disagrees with kiln embed")
 PY
-echo "1 passed, 0 failed"
