@@ -270,6 +270,17 @@ fn inspect(path: &std::path::Path) -> Result<()> {
     println!("target: {}", a.header.target);
     println!("graph fingerprint: {}", hex(&a.header.fingerprint));
     println!("verified (magic, version, checksum, target) in {verify_ms:.2} ms");
+    // Map every CPU plan as a run would (verify image, code write-then-exec, arena + constants).
+    if a.body.plans.iter().any(|p| matches!(p, PlanPayload::Cpu(_))) {
+        let t = std::time::Instant::now();
+        for p in &a.body.plans {
+            if let PlanPayload::Cpu(img) = p {
+                kiln_runtime::cpu::CpuExecutable::load(img.clone())?;
+            }
+        }
+        let ms = verify_ms + t.elapsed().as_secs_f64() * 1e3;
+        println!("load (verify + map code + arenas of all buckets): {ms:.2} ms");
+    }
     for (b, p) in a.header.buckets.iter().zip(&a.body.plans) {
         match p {
             PlanPayload::Cpu(img) => println!(
