@@ -283,11 +283,19 @@ type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
 type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilogue, Activation);
 
+/// `wide(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)`: a tile of up to 2·MR rows (two
+/// consecutive packed A strips) × 2·NR columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C).
+type WideFn =
+    unsafe fn(usize, *const f32, *const f32, usize, *mut f32, usize, f32, bool, usize, usize);
+
 #[derive(Clone, Copy)]
 pub(crate) struct Arch {
     kernel: KernelFn,
     pack_a: PackAFn,
     epilogue: EpilogueFn,
+    /// The 2·MR × 2·NR tile kernel, where the ISA has one (AVX-512). Same packed layouts and, per
+    /// element, the same operations in the same order as `kernel`, so results are bitwise equal.
+    wide: Option<WideFn>,
 }
 
 impl Arch {
@@ -298,11 +306,20 @@ impl Arch {
                 kernel: avx2::kernel,
                 pack_a: avx2::pack_a,
                 epilogue: avx2::epilogue,
+                wide: None,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Arch {
+                kernel: avx2::kernel,
+                pack_a: avx2::pack_a,
+                epilogue: avx2::epilogue,
+                wide: Some(avx512::wide),
             },
             _ => Arch {
                 kernel: scalar::kernel,
                 pack_a: scalar::pack_a,
                 epilogue: scalar::epilogue,
+                wide: None,
             },
         }
     }
@@ -675,6 +692,116 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! AVX-512F tile kernel over the AVX2 packed layouts. `Arch::for_isa` hands it out only after
+    //! runtime detection of AVX-512F.
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Dispatches to the monomorphized tile for 1 or 2 strips × 1 or 2 panels.
+    ///
+    /// # Safety
+    /// AVX-512F present; `a` holds ceil(mr/MR) packed strips of kc·MR floats (consecutive), `b`
+    /// (and `b + b_stride` when nr > NR) kc·NR floats; `c` writable for mr ≤ 2·MR rows of
+    /// nr ≤ 2·NR floats at stride ldc.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn wide(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        b_stride: usize,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        // SAFETY: forwarded; the chosen instance touches only the strips/panels that exist.
+        unsafe {
+            match (mr > MR, nr > NR) {
+                (true, true) => tile::<12, 2>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (true, false) => tile::<12, 1>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (false, true) => tile::<6, 2>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (false, false) => tile::<6, 1>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+            }
+        }
+    }
+
+    /// R rows (6 or 12: one or two A strips) × P panels of 16 columns, one zmm per (row, panel):
+    /// per k, P loads of B, R broadcasts of A, R·P FMAs (24 accumulators at 12×2, 27 registers).
+    ///
+    /// # Safety
+    /// See [`wide`].
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const P: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        b_stride: usize,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        let a1 = a.wrapping_add(kc * MR);
+        let b1 = b.wrapping_add(b_stride);
+        let mut p = 0;
+        while p < kc {
+            // SAFETY: k step p < kc: MR floats of each strip and NR of each panel are in bounds.
+            unsafe {
+                let mut bv = [_mm512_setzero_ps(); P];
+                bv[0] = _mm512_loadu_ps(b.add(p * NR));
+                if P == 2 {
+                    bv[P - 1] = _mm512_loadu_ps(b1.add(p * NR));
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let src = if i < MR {
+                        a.add(p * MR + i)
+                    } else {
+                        a1.add(p * MR + i - MR)
+                    };
+                    let av = _mm512_set1_ps(*src);
+                    for v in 0..P {
+                        row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                    }
+                }
+            }
+            p += 1;
+        }
+        let alpha_v = _mm512_set1_ps(alpha);
+        for (i, row) in acc.iter().enumerate() {
+            if i >= mr {
+                break;
+            }
+            for (v, &x) in row.iter().enumerate() {
+                let col = v * NR;
+                if col >= nr {
+                    break;
+                }
+                let w = (nr - col).min(NR);
+                let m: __mmask16 = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
+                // SAFETY: masked lanes cover only columns < nr of row i < mr.
+                unsafe {
+                    let cp = c.add(i * ldc + col);
+                    // Same operations per element as the AVX2 tile's store (bitwise equal).
+                    let r = if beta {
+                        _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m, cp))
+                    } else {
+                        _mm512_mul_ps(x, alpha_v)
+                    };
+                    _mm512_mask_storeu_ps(cp, m, r);
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Drivers
 
@@ -758,6 +885,35 @@ pub(crate) unsafe fn gemm_block(
             let mc = MC.min(r1 - mc0);
             // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
             unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
+            if let Some(wide) = arch.wide {
+                // Tiles of two strips × two panels (the last ones narrower).
+                let mut p = p0;
+                while p < p1 {
+                    let np = 2.min(p1 - p);
+                    let col0 = p * NR;
+                    let nr = (np * NR).min(d.n - col0);
+                    // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
+                    let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mr = (2 * MR).min(mc - ir);
+                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; the
+                        // strips at ir·kc (and the next one when mr > MR) are in the packed block.
+                        unsafe {
+                            let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                            let ap = apack.add(ir * kc);
+                            wide(kc, ap, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr);
+                            if last && post {
+                                (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
+                            }
+                        }
+                        ir += 2 * MR;
+                    }
+                    p += np;
+                }
+                mc0 += mc;
+                continue;
+            }
             for p in p0..p1 {
                 let col0 = p * NR;
                 let nr = NR.min(d.n - col0);

@@ -50,28 +50,71 @@ pub use error::KernelError;
 pub enum Isa {
     /// x86-64 with AVX2 and FMA: the hand-written SIMD kernels.
     Avx2Fma,
+    /// x86-64 with AVX-512F as well: the AVX2 kernels, and a 12×32 AVX-512 GEMM microkernel over
+    /// the same packed layouts (results are bitwise identical to `Avx2Fma`). Detected at run time;
+    /// `KILN_NO_AVX512=1` in the environment (read once per process) turns it off.
+    Avx512,
     /// Portable scalar Rust (any architecture, or x86 without AVX2/FMA).
     Scalar,
 }
 
-/// The best ISA this process can use (runtime detection; cached by std).
-#[inline]
-pub fn detect_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx2Fma;
-        }
+impl Isa {
+    /// Whether this ISA runs the AVX2+FMA kernels (true for `Avx2Fma` and `Avx512`).
+    #[inline]
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2Fma | Isa::Avx512)
     }
-    Isa::Scalar
 }
 
-/// Resolves a requested ISA against the machine: asking for AVX2 on a machine without it gives Scalar.
+#[inline]
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// AVX-512F present (and AVX2+FMA), and not turned off by `KILN_NO_AVX512`.
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            has_avx2_fma()
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::env::var_os("KILN_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The best ISA this process can use (runtime detection; cached).
+#[inline]
+pub fn detect_isa() -> Isa {
+    if has_avx512() {
+        Isa::Avx512
+    } else if has_avx2_fma() {
+        Isa::Avx2Fma
+    } else {
+        Isa::Scalar
+    }
+}
+
+/// Resolves a requested ISA against the machine: asking for an ISA the machine lacks gives the
+/// best one below it (AVX-512 → AVX2 → Scalar); never one above the request.
 #[inline]
 pub(crate) fn effective_isa(requested: Isa) -> Isa {
     match requested {
         Isa::Scalar => Isa::Scalar,
-        Isa::Avx2Fma => detect_isa(),
+        Isa::Avx2Fma if has_avx2_fma() => Isa::Avx2Fma,
+        Isa::Avx2Fma => Isa::Scalar,
+        Isa::Avx512 => detect_isa(),
     }
 }

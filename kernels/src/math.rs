@@ -605,7 +605,7 @@ pub(crate) mod avx2 {
 /// `x` readable and `y` writable for `n` f32; the ranges identical or disjoint.
 pub(crate) unsafe fn map_raw(f: Unary, x: *const f32, y: *mut f32, n: usize, isa: crate::Isa) {
     #[cfg(target_arch = "x86_64")]
-    if crate::effective_isa(isa) == crate::Isa::Avx2Fma {
+    if crate::effective_isa(isa).has_avx2() {
         // SAFETY: AVX2+FMA detected by effective_isa; pointer contract forwarded from the caller.
         unsafe {
             match f {
@@ -673,7 +673,7 @@ pub(crate) unsafe fn exp_shift_sum_raw(
     isa: crate::Isa,
 ) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::effective_isa(isa) == crate::Isa::Avx2Fma {
+    if crate::effective_isa(isa).has_avx2() {
         // SAFETY: AVX2+FMA detected; pointer contract forwarded.
         return unsafe { avx2_softmax::exp_shift_sum(x, mask, n) };
     }
@@ -730,7 +730,7 @@ pub(crate) unsafe fn softmax_rows_raw(
 /// `x` readable and writable for `n` floats.
 pub(crate) unsafe fn scale_raw(x: *mut f32, n: usize, s: f32, isa: crate::Isa) {
     #[cfg(target_arch = "x86_64")]
-    if crate::effective_isa(isa) == crate::Isa::Avx2Fma {
+    if crate::effective_isa(isa).has_avx2() {
         // SAFETY: AVX2 detected; pointer contract forwarded.
         unsafe { avx2_softmax::scale(x, n, s) };
         return;

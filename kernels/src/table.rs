@@ -67,7 +67,7 @@ pub type SoftmaxRowsFn = unsafe extern "C" fn(*mut f32, usize, usize, usize);
 pub struct KernelTable {
     /// [`KERNEL_ABI_VERSION`].
     pub abi_version: u32,
-    /// ISA the kernels use: 0 = scalar, 1 = AVX2+FMA.
+    /// ISA the kernels use: 0 = scalar, 1 = AVX2+FMA, 2 = AVX-512 (AVX2 kernels + AVX-512 GEMM tile).
     pub isa: u32,
     /// Thread pool for GEMM and attention, or null for single-threaded.
     pub pool: *const ThreadPool,
@@ -126,6 +126,7 @@ impl KernelTable {
             isa: match isa {
                 Isa::Scalar => 0,
                 Isa::Avx2Fma => 1,
+                Isa::Avx512 => 2,
             },
             pool: pool.map_or(std::ptr::null(), |p| p as *const ThreadPool),
             gemm_f32: raw_gemm_f32,
@@ -165,10 +166,10 @@ unsafe fn context<'a>(
     }
     // SAFETY: caller contract.
     let t = unsafe { &*table };
-    let isa = if t.isa == 1 {
-        effective_isa(Isa::Avx2Fma)
-    } else {
-        Isa::Scalar
+    let isa = match t.isa {
+        1 => effective_isa(Isa::Avx2Fma),
+        2 => effective_isa(Isa::Avx512),
+        _ => Isa::Scalar,
     };
     // SAFETY: caller contract: the pool outlives the call.
     Ok((isa, unsafe { t.pool.as_ref() }))

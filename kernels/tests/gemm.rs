@@ -176,18 +176,71 @@ fn odd_sizes_all_isas() {
 
 #[test]
 fn every_small_size_avx2() {
-    // Exhaustive over m, n in 1..=20 with a prime k: every edge-tile combination of the 6×16 tile.
-    for m in 1..=20 {
-        for n in 1..=20 {
-            let cs = Case::new(m, n, 13, (m + n) % 2 == 0, 1, (m * 100 + n) as u64);
-            check(
-                &cs,
-                false,
-                &EpilogueRef::default(),
-                kiln_kernels::detect_isa(),
-                None,
-            );
+    // Exhaustive over m, n in 1..=40 with a prime k: every edge-tile combination of the 6×16 tile
+    // (AVX2) and of the 12×32 tile (AVX-512, where present).
+    for isa in isas().into_iter().filter(|i| i.has_avx2()) {
+        for m in 1..=40 {
+            for n in 1..=40 {
+                if isa == Isa::Avx2Fma && (m > 20 || n > 20) {
+                    continue;
+                }
+                let cs = Case::new(m, n, 13, (m + n) % 2 == 0, 1, (m * 100 + n) as u64);
+                check(&cs, m % 3 == 0, &EpilogueRef::default(), isa, None);
+            }
         }
+    }
+}
+
+#[test]
+fn avx512_tile_is_bitwise_equal_to_avx2() {
+    // The AVX-512 tile does, per element, the same FMAs in the same order as the AVX2 tile, and
+    // the same epilogue: results must match bit for bit (skipped without AVX-512).
+    if kiln_kernels::detect_isa() != Isa::Avx512 {
+        eprintln!("no AVX-512 on this machine: skipped");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(5);
+    let mut shapes = vec![(128, 384, 384), (16, 1536, 384), (130, 50, 600), (13, 33, 7)];
+    for _ in 0..40 {
+        shapes.push((1 + rng.below(150), 1 + rng.below(150), 1 + rng.below(300)));
+    }
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        let cs = Case::new(m, n, k, i % 2 == 0, i % 3, 500 + i as u64);
+        let epi = EpilogueRef {
+            bias: Some(&cs.bias),
+            residual: Some((&cs.res, cs.ldr)),
+            activation: Activation::GeluErf,
+            scale: 0.5,
+        };
+        let pb = pack_b(&cs.b, k, n, cs.ldb, cs.transposed).unwrap();
+        let c0 = Rng::new(7).vec(m * cs.ldc);
+        let mut runs = Vec::new();
+        for isa in [Isa::Avx2Fma, Isa::Avx512] {
+            let mut c = c0.clone();
+            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
+            gemm_prepacked(
+                m,
+                k,
+                n,
+                &cs.a,
+                cs.lda,
+                pb.as_slice(),
+                &mut c,
+                cs.ldc,
+                i % 2 == 1,
+                &epi,
+                &mut scratch,
+                Some(&pool),
+                isa,
+            )
+            .unwrap();
+            runs.push(c);
+        }
+        assert!(
+            runs[0].iter().zip(&runs[1]).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "shape {m}×{n}×{k}: AVX-512 differs from AVX2"
+        );
     }
 }
 

@@ -26,11 +26,15 @@ impl Rng {
     }
 }
 
-/// The ISAs this machine can run (scalar always; AVX2 when detected).
+/// The ISAs this machine can run (scalar always; AVX2 when detected; AVX-512 when detected).
 pub fn isas() -> Vec<kiln_kernels::Isa> {
+    let best = kiln_kernels::detect_isa();
     let mut v = vec![kiln_kernels::Isa::Scalar];
-    if kiln_kernels::detect_isa() == kiln_kernels::Isa::Avx2Fma {
+    if best.has_avx2() {
         v.push(kiln_kernels::Isa::Avx2Fma);
+    }
+    if best == kiln_kernels::Isa::Avx512 {
+        v.push(kiln_kernels::Isa::Avx512);
     }
     v
 }
