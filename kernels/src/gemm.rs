@@ -721,10 +721,10 @@ mod avx512 {
         // SAFETY: forwarded; the chosen instance touches only the strips/panels that exist.
         unsafe {
             match (mr > MR, nr > NR) {
-                (true, true) => tile::<12, 2>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (true, false) => tile::<12, 1>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (false, true) => tile::<6, 2>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (false, false) => tile::<6, 1>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (true, true) => tile::<12, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (true, false) => tile::<12, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (false, true) => tile::<6, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
+                (false, false) => tile::<6, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
             }
         }
     }
@@ -736,7 +736,7 @@ mod avx512 {
     /// See [`wide`].
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const P: usize>(
+    unsafe fn tile<const R: usize, const P: usize, const PF: bool>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -759,6 +759,12 @@ mod avx512 {
                 bv[0] = _mm512_loadu_ps(b.add(p * NR));
                 if P == 2 {
                     bv[P - 1] = _mm512_loadu_ps(b1.add(p * NR));
+                }
+                if PF {
+                    // The same k step of the panels two ahead (the next tile pair's B, which
+                    // otherwise comes cold from L3/memory when m is small). A hint: never faults.
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * b_stride + p * NR).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + p * NR).cast());
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
                     let src = if i < MR {
