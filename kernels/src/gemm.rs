@@ -276,8 +276,11 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 // ---------------------------------------------------------------------------------------------
 // Architecture-specific pieces behind function pointers chosen once per call.
 
-/// `kernel(kc, a_strip, b_panel, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B (+ C if beta).
-type KernelFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
+/// `kernel(kc, a_strip, b_panel, b_next, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B
+/// (+ C if beta); `b_next` (a prefetch hint, never dereferenced) is where the next panel's same
+/// k block starts.
+type KernelFn =
+    unsafe fn(usize, *const f32, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
@@ -335,6 +338,7 @@ mod scalar {
         kc: usize,
         a: *const f32,
         b: *const f32,
+        _b_next: *const f32,
         c: *mut f32,
         ldc: usize,
         alpha: f32,
@@ -443,6 +447,7 @@ mod avx2 {
         kc: usize,
         a: *const f32,
         b: *const f32,
+        b_next: *const f32,
         c: *mut f32,
         ldc: usize,
         alpha: f32,
@@ -453,7 +458,11 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); NV]; MR];
         let mut ap = a;
         let mut bp = b;
+        let mut pf = b_next;
         for _ in 0..kc {
+            // Hint only (prefetches never fault): the next panel's B, cold when m is small.
+            _mm_prefetch::<_MM_HINT_T0>(pf.cast());
+            pf = pf.wrapping_add(NR);
             // SAFETY: kc steps of MR (a) and NR (b) floats stay inside the packed operands.
             unsafe {
                 let mut bv = [_mm256_setzero_ps(); NV];
@@ -932,7 +941,8 @@ pub(crate) unsafe fn gemm_block(
                     // at ir·kc is inside the packed block.
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        (arch.kernel)(kc, apack.add(ir * kc), bp, cp, d.ldc, alpha, beta, mr, nr);
+                        let bn = bp.wrapping_add(d.k * NR);
+                        (arch.kernel)(kc, apack.add(ir * kc), bp, bn, cp, d.ldc, alpha, beta, mr, nr);
                         if last && post {
                             (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                         }
