@@ -211,6 +211,7 @@ pub(crate) unsafe fn pack_b_raw(
     transposed: bool,
     dst: *mut f32,
 ) {
+    let vector_transpose = transposed && crate::detect_isa().has_avx2();
     for pan in 0..n.div_ceil(NR) {
         let j0 = pan * NR;
         let w = NR.min(n - j0);
@@ -227,6 +228,11 @@ pub(crate) unsafe fn pack_b_raw(
                         *dp.add(jj) = 0.0;
                     }
                 }
+            } else if cfg!(target_arch = "x86_64") && w == NR && vector_transpose {
+                // SAFETY: AVX2 detected; a full panel (columns j0..j0+NR <= n) of a transposed
+                // source: NR rows of k floats at stride ldb.
+                #[cfg(target_arch = "x86_64")]
+                avx2::pack_panel_transposed(src.add(j0 * ldb), k, ldb, d);
             } else {
                 for jj in 0..w {
                     let s = src.add((j0 + jj) * ldb);
@@ -636,6 +642,62 @@ mod avx2 {
                 }
             }
             s += MR;
+        }
+    }
+
+    /// Packs one full panel from a transposed source: `src` holds NR rows (columns j of B) of k
+    /// floats at stride ldb; `d[p·NR + jj] = src[jj·ldb + p]`. 8×8 blocks transposed in registers.
+    ///
+    /// # Safety
+    /// AVX2 present; `src` readable for NR rows of k floats at stride ldb; `d` writable for k·NR.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_panel_transposed(src: *const f32, k: usize, ldb: usize, d: *mut f32) {
+        for jb in 0..NR / 8 {
+            let s = src.wrapping_add(jb * 8 * ldb);
+            let mut p = 0;
+            while p + 8 <= k {
+                // SAFETY: rows jb·8..jb·8+8 < NR, columns p..p+8 <= k; 8 floats at 8 rows of d.
+                unsafe {
+                    let r: [__m256; 8] = std::array::from_fn(|q| _mm256_loadu_ps(s.add(q * ldb + p)));
+                    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                    let c = [
+                        _mm256_permute2f128_ps::<0x20>(u0, u4),
+                        _mm256_permute2f128_ps::<0x20>(u1, u5),
+                        _mm256_permute2f128_ps::<0x20>(u2, u6),
+                        _mm256_permute2f128_ps::<0x20>(u3, u7),
+                        _mm256_permute2f128_ps::<0x31>(u0, u4),
+                        _mm256_permute2f128_ps::<0x31>(u1, u5),
+                        _mm256_permute2f128_ps::<0x31>(u2, u6),
+                        _mm256_permute2f128_ps::<0x31>(u3, u7),
+                    ];
+                    for (q, cq) in c.iter().enumerate() {
+                        _mm256_storeu_ps(d.add((p + q) * NR + jb * 8), *cq);
+                    }
+                }
+                p += 8;
+            }
+            while p < k {
+                for q in 0..8 {
+                    // SAFETY: row jb·8+q < NR, column p < k.
+                    unsafe { *d.add(p * NR + jb * 8 + q) = *s.add(q * ldb + p) };
+                }
+                p += 1;
+            }
         }
     }
 
