@@ -1,25 +1,14 @@
 //! The `kiln` binary end to end: compile → artifact → inspect → embed through the thin runtime,
 //! the compile report, and the errors a user sees.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
-use serde_json::Value;
+use common::model_dir;
 
-fn model_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KILN_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2"));
-    if kiln::fetch::is_complete(&dir) {
-        return Some(dir);
-    }
-    let msg = format!("MiniLM not found in {} (run `kiln fetch-model minilm`)", dir.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}: the CLI tests must run in CI");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
-}
+use serde_json::Value;
 
 fn kiln(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("kiln runs");
