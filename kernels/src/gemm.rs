@@ -789,19 +789,32 @@ mod avx512 {
         mr: usize,
         nr: usize,
     ) {
-        // SAFETY: forwarded; the chosen instance touches only the strips/panels that exist.
-        unsafe {
-            match (mr > MR, nr > NR) {
-                (true, true) => tile::<12, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (true, false) => tile::<12, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (false, true) => tile::<6, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-                (false, false) => tile::<6, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr),
-            }
+        // One instance per row count: a partial tile (m not a multiple of 12, e.g. 16 = 12 + 4)
+        // does only its valid rows' FMAs instead of a full strip's.
+        macro_rules! rows {
+            ($($r:literal)*) => {
+                match (mr, nr > NR) {
+                    $(
+                        // SAFETY: forwarded; the instance reads only rows < mr of the strips and
+                        // the panels that exist.
+                        ($r, true) => unsafe {
+                            tile::<$r, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                        },
+                        // SAFETY: as above.
+                        ($r, false) => unsafe {
+                            tile::<$r, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                        },
+                    )*
+                    _ => {}
+                }
+            };
         }
+        rows!(1 2 3 4 5 6 7 8 9 10 11 12);
     }
 
-    /// R rows (6 or 12: one or two A strips) × P panels of 16 columns, one zmm per (row, panel):
-    /// per k, P loads of B, R broadcasts of A, R·P FMAs (24 accumulators at 12×2, 27 registers).
+    /// R ≤ 12 rows (rows < 6 from the first A strip, the rest from the second) × P panels of 16
+    /// columns, one zmm per (row, panel): per k, P loads of B, R broadcasts of A, R·P FMAs (24
+    /// accumulators at 12×2, 27 registers).
     ///
     /// # Safety
     /// See [`wide`].
