@@ -442,12 +442,12 @@ mod avx2 {
 
     const NV: usize = NR / 8;
 
-    /// The 6×16 microkernel.
+    /// The 6×16 microkernel, instantiated per valid row count so a partial strip (m = 16 =
+    /// 6 + 6 + 4) does only its rows' FMAs.
     ///
     /// # Safety
     /// AVX2+FMA present; `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr ≤ MR rows
     /// of nr ≤ NR floats at stride ldc.
-    #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         kc: usize,
@@ -461,7 +461,38 @@ mod avx2 {
         mr: usize,
         nr: usize,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); NV]; MR];
+        // SAFETY (each arm): forwarded; the instance reads rows < mr of the strip.
+        unsafe {
+            match mr {
+                1 => kernel_r::<1>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+                2 => kernel_r::<2>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+                3 => kernel_r::<3>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+                4 => kernel_r::<4>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+                5 => kernel_r::<5>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+                _ => kernel_r::<MR>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
+            }
+        }
+    }
+
+    /// R ≤ MR rows × 16 columns.
+    ///
+    /// # Safety
+    /// See [`kernel`]; mr ≤ R.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel_r<const R: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        b_next: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        alpha: f32,
+        beta: bool,
+        mr: usize,
+        nr: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; R];
         let mut ap = a;
         let mut bp = b;
         let mut pf = b_next;
@@ -495,8 +526,8 @@ mod avx2 {
     /// AVX2 present; `c` writable for mr rows of nr floats at stride ldc.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn store_tile(
-        acc: &[[__m256; NV]; MR],
+    unsafe fn store_tile<const R: usize>(
+        acc: &[[__m256; NV]; R],
         c: *mut f32,
         ldc: usize,
         alpha: f32,
@@ -505,7 +536,7 @@ mod avx2 {
         nr: usize,
     ) {
         let alpha_v = _mm256_set1_ps(alpha);
-        if mr == MR && nr == NR {
+        if mr == R && nr == NR {
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
                     // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR.
