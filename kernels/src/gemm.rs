@@ -13,6 +13,12 @@
 //!   ymm registers). Chosen by measurement over 4×24: that tile needs all 16 registers, and LLVM
 //!   then spills an accumulator and shuffles the others every iteration (43% of peak against 93%
 //!   for 6×16 on 128×384·384×1536). Edge tiles use masked stores; padding makes every load in bounds.
+//! - AVX-512F machines (runtime detection, [`Isa::Avx512`]) use a 12×32 tile over the same packed
+//!   layouts instead: two consecutive A strips × two consecutive B panels, 24 zmm accumulators, one
+//!   instance per row count (1..12) so partial tiles do no padded-row work. Per element it does the
+//!   same FMAs in the same order and the same store and epilogue as the 6×16 tile, so the results
+//!   are bitwise identical to the AVX2 path. Both tiles prefetch the B panel(s) the next tile will
+//!   read (B comes from L3/memory when m is small).
 //! - Threads: the (m, n) work is cut into as many contiguous ranges of B panels (or of A rows) as
 //!   there are threads, each with its own A-packing scratch. Each element of C goes through the same
 //!   operations in every split, so results are bitwise identical for any thread count.

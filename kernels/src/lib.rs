@@ -3,7 +3,7 @@
 //!
 //! The CPU part is a small, dependency-free compute core:
 //! - [`gemm`]: f32 SGEMM against a pre-packed B ([`gemm::PackedB`]) with an AVX2+FMA 6×16
-//!   register-blocked microkernel, k/m cache blocking, A-panel packing into caller-provided scratch
+//!   register-blocked microkernel (12×32 AVX-512 tile where AVX-512F is detected at run time), k/m cache blocking, A-panel packing into caller-provided scratch
 //!   and a fused epilogue (scale, bias, activation, residual) applied per register tile; strided
 //!   batched GEMM with on-the-fly packing of B.
 //! - [`attention`]: fused softmax(Q·Kᵀ·scale + mask)·V per (batch, head), one block of query rows
