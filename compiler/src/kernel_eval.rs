@@ -30,16 +30,6 @@ struct Mem {
     dtype: Vec<DType>,
 }
 
-fn le_bytes(d: &TensorData) -> Vec<u8> {
-    match d {
-        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 impl Mem {
     #[inline]
     fn slot(&self, b: BufferId, e: usize) -> (&[u8], usize) {
@@ -270,7 +260,7 @@ pub fn run_program(
                         b.shape
                     )));
                 }
-                le_bytes(&t.data)
+                t.data.to_le_bytes()
             }
             BufferKind::Weight { index, layout } => {
                 let t = weights
@@ -303,9 +293,9 @@ pub fn run_program(
                         TensorData::from_f64(b.dtype, &tr)
                     }
                 };
-                le_bytes(&data)
+                data.to_le_bytes()
             }
-            BufferKind::Constant { values } => le_bytes(&TensorData::F32(values.clone())),
+            BufferKind::Constant { values } => TensorData::F32(values.clone()).to_le_bytes(),
             BufferKind::Output { .. } => vec![0xFF; b.bytes()],
         };
         own.push(bytes);

@@ -101,6 +101,16 @@ impl TensorData {
             DType::I32 => TensorData::I32(chunks::<4>(bytes).map(i32::from_le_bytes).collect()),
         }
     }
+    /// Little-endian bytes of every element (the safetensors and arena layout).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
     /// Every element as f64 (exact for all supported types).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match self {

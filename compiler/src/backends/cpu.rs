@@ -17,9 +17,9 @@ use std::time::Instant;
 
 use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
 use kiln_runtime::backend::{check_weights, Backend, Batch, Caps, Outputs};
-use kiln_runtime::cpu::{cpu_device, CpuContext, CpuPlan, CpuPlanImage, CpuWeights, Threads};
+use kiln_runtime::cpu::{cpu_caps, CpuContext, CpuPlan, CpuPlanImage, CpuWeights, Threads};
 use kiln_runtime::graph::{Bucket, Graph};
-use kiln_runtime::{DType, HostTensor, Result};
+use kiln_runtime::{HostTensor, Result};
 
 use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, Isa, Layout};
 use crate::pipeline::run_pipeline;
@@ -122,13 +122,7 @@ impl Backend for CpuBackend {
     type Plan = CpuPlan;
 
     fn caps(&self) -> Caps {
-        Caps {
-            name: "cpu".into(),
-            device: cpu_device(self.ctx.threads()),
-            dtypes: vec![DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32],
-            can_lower: true,
-            memory_bytes: None,
-        }
+        cpu_caps("cpu", self.ctx.threads(), true)
     }
 
     /// Keeps the tensors and prepares, once, the weight layouts plans will read: the slots of a

@@ -145,6 +145,17 @@ pub fn cpu_device(threads: usize) -> String {
     format!("{} ({}), {threads} thread(s)", std::env::consts::ARCH, feats.join("+"))
 }
 
+/// The capabilities of a CPU backend (JIT or precompiled) running on `threads` threads.
+pub fn cpu_caps(name: &str, threads: usize, can_lower: bool) -> Caps {
+    Caps {
+        name: name.into(),
+        device: cpu_device(threads),
+        dtypes: vec![DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32],
+        can_lower,
+        memory_bytes: None,
+    }
+}
+
 /// Runs precompiled CPU plans from an [`Artifact`]; compiles nothing (no compiler linked).
 pub struct PrecompiledCpu {
     artifact: Artifact,
@@ -178,13 +189,7 @@ impl Backend for PrecompiledCpu {
     type Plan = CpuPlan;
 
     fn caps(&self) -> Caps {
-        Caps {
-            name: "cpu-precompiled".into(),
-            device: cpu_device(self.ctx.threads()),
-            dtypes: vec![DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32],
-            can_lower: false,
-            memory_bytes: None,
-        }
+        cpu_caps("cpu-precompiled", self.ctx.threads(), false)
     }
 
     /// Checks the tensors against the graph and the artifact, then prepares every weight slot

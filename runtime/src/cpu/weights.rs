@@ -111,16 +111,6 @@ enum Prepared {
     Owned(Aligned),
 }
 
-fn le_bytes(d: &TensorData) -> Vec<u8> {
-    match d {
-        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 fn host_ptr(t: &HostTensor) -> *const u8 {
     match &t.data {
         TensorData::F32(v) => v.as_ptr().cast(),
@@ -257,7 +247,7 @@ impl CpuWeights {
                     ),
                     _ => t.data.convert(slot.dtype),
                 };
-                let bytes = le_bytes(&data);
+                let bytes = data.to_le_bytes();
                 let mut a = Aligned::zeroed(bytes.len());
                 a.as_mut_bytes().copy_from_slice(&bytes);
                 Ok(Prepared::Owned(a))

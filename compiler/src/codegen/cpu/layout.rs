@@ -46,16 +46,6 @@ pub struct Layout {
     pub scratch_offset: usize,
 }
 
-fn le_bytes(d: &TensorData) -> Vec<u8> {
-    match d {
-        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 /// The packed-B slot a GEMM kernel's weight operand gets, if it is a weight shared by every
 /// batch entry (a linear layer).
 pub fn packed_b_slot(program: &KernelProgram, ki: usize) -> Option<WeightSlot> {
@@ -142,7 +132,7 @@ impl Layout {
                     return Err(Error::Backend(format!("constant b{i} has {} values for shape {:?}", values.len(), b.shape)));
                 }
                 let v: Vec<f64> = values.iter().map(|&x| x as f64).collect();
-                let bytes = le_bytes(&TensorData::from_f64(b.dtype, &v));
+                let bytes = TensorData::from_f64(b.dtype, &v).to_le_bytes();
                 l.base[i] = Some(Base::Arena(end));
                 let n = bytes.len();
                 l.arena_init.push((end, bytes));
