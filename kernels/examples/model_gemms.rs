@@ -1,6 +1,7 @@
 //! The GEMM sequence of MiniLM-L6 (6 layers: Q, K, V, out 384×384; FFN 384×1536, 1536×384) at one
 //! token count, each layer with its own packed weights (42 MB in all, as in the model), 1 thread
-//! and 2 threads, best of several passes. `KILN_NO_AVX512=1` compares the AVX2 tile.
+//! and 2 threads, best of several passes. `KILN_NO_AVX512=1` compares the AVX2 tile;
+//! `SPLIT=rows|panels` forces the 2-thread work split (default: the kernel's choice).
 //!
 //! `cargo run --release -p kiln-kernels --example model_gemms -- [m ...]` (default: 16 128)
 
@@ -8,7 +9,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use kiln_kernels::detect_isa;
-use kiln_kernels::gemm::{gemm_prepacked, gemm_scratch_len, pack_b, EpilogueRef, PackedB};
+use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, pack_b, EpilogueRef, PackedB, Split};
 use kiln_kernels::math::Activation;
 use kiln_kernels::threadpool::ThreadPool;
 
@@ -37,6 +38,11 @@ fn main() {
         }
     }
     let pool = ThreadPool::new(2);
+    let split = match std::env::var("SPLIT").as_deref() {
+        Ok("rows") => Split::Rows,
+        Ok("panels") => Split::Panels,
+        _ => Split::Auto,
+    };
     println!("ISA {isa:?}");
     for &m in &ms {
         let a = rand_vec(m * 1536, 3);
@@ -53,9 +59,9 @@ fn main() {
                         activation: if *n == 1536 { Activation::GeluErf } else { Activation::None },
                         ..Default::default()
                     };
-                    gemm_prepacked(
+                    gemm_split(
                         m, *k, *n, &a, *k, pb.as_slice(), &mut c, *n, false, &epi, &mut scratch, p,
-                        isa,
+                        isa, split,
                     )
                     .expect("gemm");
                 }
