@@ -187,7 +187,8 @@ impl Artifact {
         Ok(a)
     }
 
-    /// Checks the artifact's target against this machine (architecture and CPU features).
+    /// Checks the artifact's target against this machine (architecture and CPU features) and
+    /// that every plan is of the target's kind.
     pub fn check_target(&self) -> Result<()> {
         match &self.header.target {
             Target::CpuX86_64 { features } => {
@@ -206,7 +207,19 @@ impl Artifact {
                 }
                 Ok(())
             }
-            Target::Cuda { .. } => Ok(()),
+            // Whether a GPU can run it is checked when one is opened (`PrecompiledCuda`);
+            // here only the shape of the artifact.
+            Target::Cuda { major, .. } => {
+                if *major == 0 {
+                    return reject(format!("compiled for {}, which is not a CUDA architecture", self.header.target));
+                }
+                for p in &self.body.plans {
+                    if !matches!(p, PlanPayload::Cuda(_)) {
+                        return reject("a cuda artifact holds a non-cuda plan");
+                    }
+                }
+                Ok(())
+            }
         }
     }
 

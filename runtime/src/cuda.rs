@@ -8,6 +8,13 @@
 //! loaded dynamically: a build with the `cuda` feature still runs on machines without CUDA,
 //! where [`CudaDevice::open`] returns a typed error naming the missing library.
 //!
+//! Artifacts: `PrecompiledCuda` (feature `cuda`) is the backend that runs the GPU plans of a
+//! CUDA artifact. What it checks before touching a device — decoding and validating a payload
+//! ([`decode_plan`](crate::cuda::decode_plan), [`plan_from_artifact`](crate::cuda::plan_from_artifact)),
+//! the cubin/PTX choice for a device ([`select_code`](crate::cuda::select_code)), the weight
+//! table ([`check_plan_weights`](crate::cuda::check_plan_weights)) — needs no driver and is
+//! built without the feature.
+//!
 //! Memory model of a plan: one device arena of [`CudaPlanSpec::arena_bytes`] holds every
 //! intermediate value, the graph inputs and the outputs at offsets the memory planner chose;
 //! weights live in their own device buffers (uploaded once, shared by every plan); constants
@@ -17,6 +24,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::artifact::{Artifact, PlanPayload, Target};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Bucket;
@@ -262,6 +270,139 @@ pub fn missing_driver_error() -> Error {
     )
 }
 
+/// Which of a GPU plan's codes a device loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeChoice {
+    /// The cubin, assembled by ptxas for exactly the device's architecture: no JIT at load.
+    Cubin,
+    /// The PTX (virtual architecture `compute_XY`), JIT-compiled by the driver at load.
+    Ptx,
+}
+
+/// `sm_XY` of a compute capability.
+pub fn sm_name((major, minor): (u32, u32)) -> String {
+    format!("sm_{major}{minor}")
+}
+
+/// Chooses the code a device of compute capability `device` loads from a plan built for `arch`
+/// (`sm_XY`), with or without a cubin.
+///
+/// PTX for `compute_XY` runs on every device of capability ≥ X.Y (the driver JIT-compiles it),
+/// so a device older than the plan's architecture cannot run it: [`Error::Unsupported`] naming
+/// both. A cubin runs natively only on the architecture it was assembled for (kiln does not
+/// rely on the same-major binary compatibility), so it is chosen when the architectures match
+/// exactly and the PTX otherwise. Architecture-specific code (`sm_90a`) runs only on exactly that
+/// capability.
+pub fn select_code(arch: &str, has_cubin: bool, device: (u32, u32)) -> Result<CodeChoice> {
+    let Some(built) = parse_arch(arch) else {
+        return Err(Error::Artifact { message: format!("architecture `{arch}` is not of the form sm_XY") });
+    };
+    let dev = sm_name(device);
+    if built > device {
+        return Err(Error::Unsupported(format!(
+            "the GPU plan was built for {arch} (compute capability {}.{}) but the device is {dev} (compute \
+             capability {}.{}): code for a newer architecture cannot run on an older GPU; recompile with \
+             --target cuda:{dev}",
+            built.0, built.1, device.0, device.1
+        )));
+    }
+    if arch.ends_with('a') && built != device {
+        return Err(Error::Unsupported(format!(
+            "the GPU plan was built for {arch}, architecture-specific code that runs only on exactly \
+             compute capability {}.{}, but the device is {dev}; recompile with --target cuda:{dev}",
+            built.0, built.1
+        )));
+    }
+    Ok(if has_cubin && built == device { CodeChoice::Cubin } else { CodeChoice::Ptx })
+}
+
+/// The architecture a CUDA artifact was compiled for, or [`Error::Artifact`] for an artifact
+/// of another target (a CPU artifact given to the GPU runtime).
+pub fn cuda_target(artifact: &Artifact) -> Result<(u32, u32)> {
+    match &artifact.header.target {
+        Target::Cuda { major, minor } => Ok((*major, *minor)),
+        other => Err(Error::Artifact {
+            message: format!(
+                "the artifact targets {other}, not a CUDA GPU: run it with the CPU runtime \
+                 (kiln_runtime::cpu::PrecompiledCpu) or recompile with --target cuda:sm_XY"
+            ),
+        }),
+    }
+}
+
+/// Checks that a device of compute capability `device` can run a CUDA artifact's code: the
+/// artifact's target is CUDA and its architecture is not newer than the device's.
+pub fn check_device_for_artifact(artifact: &Artifact, device: (u32, u32)) -> Result<()> {
+    let arch = cuda_target(artifact)?;
+    select_code(&sm_name(arch), false, device).map(|_| ())
+}
+
+/// Decodes one bucket's GPU plan payload (bincode 2, standard config: what `kiln compile
+/// --target cuda:sm_XY` writes) and validates it. Undecodable bytes, trailing bytes, a plan for
+/// another bucket, or a plan that fails [`CudaPlanSpec::validate`] are [`Error::Artifact`]s
+/// naming `bucket`.
+pub fn decode_plan(bucket: Bucket, bytes: &[u8]) -> Result<CudaPlanSpec> {
+    let bad = |m: String| Error::Artifact { message: format!("GPU plan for bucket {bucket}: {m}") };
+    let cfg = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+    let (spec, used): (CudaPlanSpec, usize) = bincode::serde::decode_from_slice(bytes, cfg)
+        .map_err(|e| bad(format!("cannot decode its {} bytes: {e}", bytes.len())))?;
+    if used != bytes.len() {
+        return Err(bad(format!("{} trailing bytes after the plan", bytes.len() - used)));
+    }
+    if spec.bucket != bucket {
+        return Err(bad(format!("the plan inside is for bucket {}", spec.bucket)));
+    }
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The decoded, validated GPU plan of `bucket` in a CUDA artifact: [`Error::BucketNotCompiled`]
+/// (listing the artifact's buckets) when it has none, [`Error::Artifact`] for a CPU artifact,
+/// a CPU plan in a CUDA artifact, a payload that does not decode or validate, or a plan built
+/// for another architecture than the artifact's header says.
+pub fn plan_from_artifact(artifact: &Artifact, bucket: Bucket) -> Result<CudaPlanSpec> {
+    let arch = cuda_target(artifact)?;
+    match artifact.plan(bucket)? {
+        PlanPayload::Cuda(bytes) => {
+            let spec = decode_plan(bucket, bytes)?;
+            if parse_arch(&spec.arch) != Some(arch) {
+                return Err(Error::Artifact {
+                    message: format!(
+                        "GPU plan for bucket {bucket} is built for {}, but the artifact's target is {}",
+                        spec.arch, artifact.header.target
+                    ),
+                });
+            }
+            Ok(spec)
+        }
+        PlanPayload::Cpu(_) => Err(Error::Artifact {
+            message: format!("bucket {bucket} of a CUDA artifact holds a CPU plan, not a GPU plan"),
+        }),
+    }
+}
+
+/// Checks a plan's weight table against the weights uploaded for it (same count, and each
+/// weight's dtype and shape); [`Error::Artifact`] naming the first difference.
+pub fn check_plan_weights(spec: &CudaPlanSpec, uploaded: &[WeightSlot]) -> Result<()> {
+    let bad = |m: String| {
+        Err(Error::Artifact {
+            message: format!("GPU plan for bucket {} was compiled for a different weight table: {m}", spec.bucket),
+        })
+    };
+    if spec.weights.len() != uploaded.len() {
+        return bad(format!("it reads {} weights, the uploaded set has {}", spec.weights.len(), uploaded.len()));
+    }
+    for (i, (want, got)) in spec.weights.iter().zip(uploaded).enumerate() {
+        if want != got {
+            return bad(format!(
+                "weight {i} is {} {:?} in the plan, {} {:?} uploaded",
+                want.dtype, want.shape, got.dtype, got.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 pub use exec::*;
 
@@ -273,7 +414,7 @@ mod exec {
     use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
     use super::*;
-    use crate::backend::{Batch, Caps, Outputs};
+    use crate::backend::{check_weights, Backend, Batch, Caps, Outputs};
     use crate::dtype::HostTensor;
 
     fn drv(what: &str, e: DriverError) -> Error {
@@ -422,26 +563,14 @@ mod exec {
             if !Arc::ptr_eq(&weights.dev, self) {
                 return Err(Error::Backend("the weights were uploaded to another CUDA device".into()));
             }
-            if spec.weights != weights.slots {
-                return Err(Error::Artifact {
-                    message: format!(
-                        "GPU plan for bucket {} was compiled for a different weight table ({} weights, the uploaded set has {})",
-                        spec.bucket,
-                        spec.weights.len(),
-                        weights.slots.len()
-                    ),
-                });
-            }
-            let (maj, min) = parse_arch(&spec.arch).expect("validated");
-            if (maj, min) > self.cc {
-                return Err(Error::Backend(format!(
-                    "the plan was built for {} but {} is sm_{}{}",
-                    spec.arch, self.name, self.cc.0, self.cc.1
-                )));
-            }
+            check_plan_weights(&spec, &weights.slots)?;
+            let choice = select_code(&spec.arch, spec.cubin.is_some(), self.cc).map_err(|e| match e {
+                Error::Unsupported(m) => Error::Unsupported(format!("{} (bucket {}): {m}", self.name, spec.bucket)),
+                other => other,
+            })?;
             self.bind()?;
-            let module = match &spec.cubin {
-                Some(c) if (maj, min) == self.cc => {
+            let module = match (&spec.cubin, choice) {
+                (Some(c), CodeChoice::Cubin) => {
                     // SAFETY: a cubin image; the driver validates it.
                     unsafe { result::module::load_data(c.as_ptr() as *const c_void) }
                         .map_err(|e| drv("loading the plan's cubin", e))?
@@ -506,6 +635,92 @@ mod exec {
                 use_graph,
                 _module: module,
             })
+        }
+    }
+
+    /// Runs precompiled GPU plans from a CUDA [`Artifact`] (`kiln compile --target cuda:sm_XY`)
+    /// through the driver API; compiles nothing (no NVRTC, no compiler linked). The GPU
+    /// counterpart of [`crate::cpu::PrecompiledCpu`].
+    pub struct PrecompiledCuda {
+        artifact: Artifact,
+        dev: Arc<CudaDevice>,
+    }
+
+    impl std::fmt::Debug for PrecompiledCuda {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("PrecompiledCuda")
+                .field("device", &self.dev)
+                .field("target", &self.artifact.header.target)
+                .field("buckets", &self.artifact.header.buckets)
+                .finish()
+        }
+    }
+
+    impl PrecompiledCuda {
+        /// A backend over a verified CUDA `artifact`'s plans, on GPU 0.
+        pub fn new(artifact: Artifact) -> Result<Self> {
+            Self::with_device(artifact, 0)
+        }
+
+        /// A backend over `artifact`'s plans on GPU `ordinal`. Errors (one line, never a panic):
+        /// [`Error::Artifact`] for an artifact that is not a CUDA one (checked before the driver
+        /// is touched); the typed missing-driver error on a machine without `libcuda`;
+        /// [`Error::Unsupported`] naming both architectures when the device is older than the
+        /// artifact's architecture.
+        pub fn with_device(artifact: Artifact, ordinal: usize) -> Result<Self> {
+            cuda_target(&artifact)?;
+            let dev = CudaDevice::open(ordinal)?;
+            check_device_for_artifact(&artifact, dev.compute_capability()).map_err(|e| match e {
+                Error::Unsupported(m) => Error::Unsupported(format!("{} (GPU {ordinal}): {m}", dev.name())),
+                other => other,
+            })?;
+            Ok(PrecompiledCuda { artifact, dev })
+        }
+
+        pub fn artifact(&self) -> &Artifact {
+            &self.artifact
+        }
+        pub fn device(&self) -> &Arc<CudaDevice> {
+            &self.dev
+        }
+    }
+
+    impl Backend for PrecompiledCuda {
+        type Weights = CudaWeights;
+        type Plan = CudaPlan;
+
+        fn caps(&self) -> Caps {
+            self.dev.caps("cuda-precompiled", false)
+        }
+
+        /// Checks the tensors against the graph and the artifact, then copies them to the
+        /// device once, in their checkpoint layout.
+        fn upload(&self, tensors: &[HostTensor], graph: &crate::graph::Graph) -> Result<CudaWeights> {
+            check_weights(tensors, graph)?;
+            self.artifact.check_graph(graph)?;
+            self.dev.upload_weights(tensors)
+        }
+
+        /// Loads the artifact's plan for `bucket`: decoded, validated, checked against the
+        /// bucket, the artifact's architecture and the uploaded weights, then loaded (cubin when
+        /// it was built for exactly this device, else PTX).
+        fn lower(&self, weights: &CudaWeights, graph: &crate::graph::Graph, bucket: Bucket) -> Result<CudaPlan> {
+            self.artifact.check_graph(graph)?;
+            let spec = plan_from_artifact(&self.artifact, bucket)?;
+            check_plan_weights(&spec, weights.slots())?;
+            self.dev.load_plan(spec, weights)
+        }
+
+        fn run(&self, plan: &mut CudaPlan, batch: &Batch, outputs: &mut Outputs) -> Result<()> {
+            plan.run(batch, outputs)
+        }
+
+        fn weight_bytes(&self, weights: &CudaWeights) -> usize {
+            weights.bytes()
+        }
+
+        fn plan_bytes(&self, plan: &CudaPlan) -> usize {
+            plan.bytes()
         }
     }
 

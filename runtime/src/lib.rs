@@ -5,7 +5,8 @@
 pub mod backend;
 pub mod artifact;
 pub mod cpu;
-/// GPU plans as data; the driver-API executor is behind the `cuda` feature.
+/// GPU plans as data and their checks; the driver-API executor and `PrecompiledCuda` are behind
+/// the `cuda` feature.
 pub mod cuda;
 pub mod dtype;
 pub mod engine;

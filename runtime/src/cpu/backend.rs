@@ -9,7 +9,7 @@ use kiln_kernels::threadpool::ThreadPool;
 
 use super::weights::{CpuWeights, SlotPointers};
 use super::{CpuExecutable, CpuPlanImage, Inline, Parallel};
-use crate::artifact::{Artifact, PlanPayload};
+use crate::artifact::{Artifact, PlanPayload, Target};
 use crate::backend::{check_weights, Backend, Batch, Caps, Outputs};
 use crate::dtype::{DType, HostTensor};
 use crate::error::{Error, Result};
@@ -179,6 +179,19 @@ impl PrecompiledCpu {
     pub fn artifact(&self) -> &Artifact {
         &self.artifact
     }
+    /// [`Error::Artifact`] unless the artifact is a CPU one (a GPU artifact goes to
+    /// `kiln_runtime::cuda::PrecompiledCuda`).
+    fn check_cpu_target(&self) -> Result<()> {
+        match &self.artifact.header.target {
+            Target::CpuX86_64 { .. } => Ok(()),
+            other => Err(Error::Artifact {
+                message: format!(
+                    "the artifact targets {other}, not this CPU: GPU artifacts load through \
+                     kiln_runtime::cuda::PrecompiledCuda (feature `cuda`)"
+                ),
+            }),
+        }
+    }
     fn images(&self) -> impl Iterator<Item = &CpuPlanImage> {
         self.artifact.body.plans.iter().filter_map(|p| if let PlanPayload::Cpu(i) = p { Some(i) } else { None })
     }
@@ -195,6 +208,7 @@ impl Backend for PrecompiledCpu {
     /// Checks the tensors against the graph and the artifact, then prepares every weight slot
     /// any of the artifact's plans reads (transposes, packs), once.
     fn upload(&self, tensors: &[HostTensor], graph: &Graph) -> Result<CpuWeights> {
+        self.check_cpu_target()?;
         check_weights(tensors, graph)?;
         self.artifact.check_graph(graph)?;
         let w = CpuWeights::new(tensors.to_vec());
@@ -207,6 +221,7 @@ impl Backend for PrecompiledCpu {
     }
 
     fn lower(&self, weights: &CpuWeights, graph: &Graph, bucket: Bucket) -> Result<CpuPlan> {
+        self.check_cpu_target()?;
         self.artifact.check_graph(graph)?;
         match self.artifact.plan(bucket)? {
             PlanPayload::Cpu(img) => {
