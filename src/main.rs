@@ -44,7 +44,8 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "cpu")]
         backend: BackendKind,
         /// Run precompiled plans from this artifact (`kiln compile -o`) through the thin runtime
-        /// (`kiln_runtime::cpu::PrecompiledCpu`): nothing is compiled.
+        /// (`PrecompiledCpu` for a CPU artifact, `PrecompiledCuda` for a `cuda:sm_XY` one):
+        /// nothing is compiled.
         #[arg(long, conflicts_with = "backend")]
         plan: Option<PathBuf>,
         /// Print `{"embeddings": [[...], ...]}` only.
@@ -281,7 +282,32 @@ fn inspect(path: &std::path::Path) -> Result<()> {
         let ms = verify_ms + t.elapsed().as_secs_f64() * 1e3;
         println!("load (verify + map code + arenas of all buckets): {ms:.2} ms");
     }
-    for (b, p) in a.header.buckets.iter().zip(&a.body.plans) {
+    // Decode and validate every GPU plan as a load would (without a device: no code is loaded).
+    let mut gpu = Vec::new();
+    if let kiln_runtime::artifact::Target::Cuda { .. } = a.header.target {
+        let t = std::time::Instant::now();
+        for &b in &a.header.buckets {
+            gpu.push(kiln_runtime::cuda::plan_from_artifact(&a, b).map_err(|e| match e {
+                Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
+                other => other,
+            })?);
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        println!("GPU plans decoded and validated (launches, bindings, PTX entries) in {ms:.2} ms");
+    }
+    for (i, (b, p)) in a.header.buckets.iter().zip(&a.body.plans).enumerate() {
+        if let Some(s) = gpu.get(i) {
+            println!(
+                "bucket {b}: gpu plan {}, {} launches, PTX {} bytes, cubin {}, arena {} bytes, constants {} bytes",
+                s.arch,
+                s.launches.len(),
+                s.ptx.len(),
+                s.cubin.as_ref().map_or("none".to_string(), |c| format!("{} bytes", c.len())),
+                s.arena_bytes,
+                s.constants.iter().map(|c| c.len()).sum::<usize>()
+            );
+            continue;
+        }
         match p {
             PlanPayload::Cpu(img) => println!(
                 "bucket {b}: {} kernels, code {} bytes, arena {} bytes, features {}",
@@ -339,25 +365,38 @@ impl ArtifactTarget {
     }
 }
 
-/// Embeds through precompiled plans only: the artifact's own graph, `PrecompiledCpu` (no
-/// compiler), buckets as in the artifact.
+/// Embeds through precompiled plans only: the artifact's own graph, buckets as in the
+/// artifact, and by its target `PrecompiledCpu` or `PrecompiledCuda` (no compiler either way).
 fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-    use kiln_runtime::artifact::Artifact;
+    use kiln_runtime::artifact::{Artifact, Target};
     use kiln_runtime::cpu::PrecompiledCpu;
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    let artifact = Artifact::from_bytes(&bytes).map_err(|e| match e {
+    use kiln_runtime::cuda::PrecompiledCuda;
+    let in_file = |e: Error| match e {
         Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
         other => other,
-    })?;
+    };
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let artifact = Artifact::from_bytes(&bytes).map_err(in_file)?;
     let graph = artifact.body.graph.clone();
     let buckets = artifact.header.buckets.clone();
-    let weights = kiln_runtime::load_graph_weights(
-        &kiln_runtime::SafetensorsLoader::new(),
-        &m.dir.join("model.safetensors"),
-        &graph.weights,
-    )?;
-    let engine = Engine::new(PrecompiledCpu::new(artifact), graph, &weights, &buckets, LowerPolicy::Jit)?;
-    embed_ids(&engine, &m.tokenize(texts)?)
+    let weights = || {
+        kiln_runtime::load_graph_weights(&kiln_runtime::SafetensorsLoader::new(), &m.dir.join("model.safetensors"), &graph.weights)
+    };
+    match artifact.header.target.clone() {
+        Target::CpuX86_64 { .. } => {
+            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::Jit)?;
+            embed_ids(&engine, &m.tokenize(texts)?)
+        }
+        target @ Target::Cuda { .. } => {
+            // The GPU first: without one this fails at once, before the weights are read.
+            let be = PrecompiledCuda::new(artifact).map_err(|e| match e {
+                Error::Backend(msg) => Error::Backend(format!("{} holds GPU plans ({target}): {msg}", path.display())),
+                other => in_file(other),
+            })?;
+            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(in_file)?;
+            embed_ids(&engine, &m.tokenize(texts)?).map_err(in_file)
+        }
+    }
 }
 
 /// The model directory: the one given, or the default one (fetched when absent).

@@ -104,3 +104,80 @@ fn cuda_without_a_driver_is_a_one_line_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("driver"), "{err}");
 }
+
+/// NVRTC present, or the test is skipped with a printed reason; under `KILN_REQUIRE_NVRTC=1`
+/// (set by scripts/test.sh after installing it) a missing NVRTC fails instead.
+fn nvrtc_or_skip() -> bool {
+    use kiln_compiler::codegen::cuda::nvrtc::{missing_nvrtc_error, nvrtc_present};
+    if nvrtc_present() {
+        return true;
+    }
+    if std::env::var("KILN_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+        panic!("{} (KILN_REQUIRE_NVRTC=1: the NVRTC tests must run)", missing_nvrtc_error());
+    }
+    eprintln!("SKIPPED: {}", missing_nvrtc_error());
+    false
+}
+
+/// Checks the one-line, no-panic error of `kiln embed --plan` for a GPU artifact on a machine
+/// without the CUDA driver. `false` (nothing checked) where a driver is present.
+fn embed_gpu_plan_without_driver(plan: &str, model: &str) -> bool {
+    if kiln_runtime::cuda::driver_present().is_ok() {
+        eprintln!("SKIPPED (embed --plan on a GPU artifact): this machine has a CUDA driver");
+        return false;
+    }
+    let (ok, out, err) = kiln(&["embed", "--plan", plan, "--model", model, "x"]);
+    assert!(!ok && out.is_empty(), "{out}{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains("CUDA driver") && err.contains("GPU plans (cuda sm_90)"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    true
+}
+
+#[test]
+fn cuda_artifact_compiles_and_inspects() {
+    let Some(dir) = model_dir() else { return };
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let d = dir.to_str().unwrap();
+    let tmp = std::env::temp_dir().join(format!("kiln-cli-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let plan = tmp.join("minilm-sm90.kiln");
+    let p = plan.to_str().unwrap();
+
+    let t = std::time::Instant::now();
+    let (ok, _, err) = kiln(&["compile", "--model", d, "--bucket", "1x16", "--target", "cuda:sm_90", "-o", p]);
+    assert!(ok, "{err}");
+    eprintln!("compile --target cuda:sm_90 (1 bucket): {:.1} s", t.elapsed().as_secs_f64());
+
+    let (ok, out, err) = kiln(&["inspect", p]);
+    assert!(ok, "{err}");
+    assert!(out.contains("target: cuda sm_90") && out.contains("GPU plans decoded and validated"), "{out}");
+    let line = out.lines().find(|l| l.starts_with("bucket 1x16: ")).unwrap_or_else(|| panic!("no bucket line in:\n{out}"));
+    let rest = line.strip_prefix("bucket 1x16: gpu plan sm_90, ").unwrap_or_else(|| panic!("{line}"));
+    let launches: usize = rest.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"));
+    assert!(launches >= 60, "{line}");
+    for part in [" launches, PTX ", " bytes, cubin ", ", arena ", " bytes, constants ", " bytes"] {
+        assert!(rest.contains(part), "missing `{part}` in {line}");
+    }
+
+    // Run it: on a machine without the CUDA driver, a one-line error naming the driver.
+    embed_gpu_plan_without_driver(p, d);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The same error without NVRTC: a GPU artifact written by hand (the driver check comes first,
+/// so no plan inside is needed).
+#[test]
+fn embed_with_a_gpu_plan_without_a_driver_is_a_one_line_error() {
+    use kiln_runtime::artifact::{Artifact, Target};
+    let Some(dir) = model_dir() else { return };
+    let m = kiln::model::SentenceModel::open(&dir, kiln_compiler::models::bert::BertOutputs::default()).unwrap();
+    let tmp = std::env::temp_dir().join(format!("kiln-cli-gpu-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let plan = tmp.join("empty-sm90.kiln");
+    std::fs::write(&plan, Artifact::new(&m.graph, Target::Cuda { major: 9, minor: 0 }, vec![]).to_bytes()).unwrap();
+    embed_gpu_plan_without_driver(plan.to_str().unwrap(), dir.to_str().unwrap());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
