@@ -15,7 +15,8 @@
 #   1. finds the driver's NVRTC (any CUDA 12/13 toolkit or the nvidia-cuda-nvrtc wheel) and
 #      ptxas; builds the test binary with cargo if cargo is there, else uses .gpu/cuda_device;
 #   2. runs compiler/tests/cuda_device.rs with KILN_REQUIRE_GPU=1: tiny BERT vs the reference,
-#      MiniLM vs tests/data/minilm/golden.json (cosine >= 0.99999), plan bincode round trip,
+#      MiniLM vs tests/data/minilm/golden.json (cosine >= 0.99999), plan bincode round trip, an
+#      artifact through kiln-runtime's PrecompiledCuda,
 #      CUDA-graph replay;
 #   3. times buckets 1x128, 8x128, 32x128, 128x128 (kiln: GPU time of the plan's launches with
 #      CUDA events, and end to end with copies) against PyTorch eager and torch.compile (f32,
@@ -159,7 +160,7 @@ run_check() {
     timeout 240 "$bin" --test-threads=1 --nocapture 2>&1 | tee "$RESULTS/tests.log"
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || die "GPU tests failed (rc $rc); see tests.log"
-    grep -E "worst cosine|CUDA graph|serialized plan" "$RESULTS/tests.log" >&2
+    grep -E "worst cosine|CUDA graph|serialized plan|PrecompiledCuda" "$RESULTS/tests.log" >&2
 
     log "step 2/3: kiln timings for $BUCKETS"
     KILN_BENCH_BUCKETS="$BUCKETS" timeout 180 "$bin" --ignored bench_buckets --test-threads=1 --nocapture \

@@ -9,6 +9,8 @@
 //!   models/all-MiniLM-L6-v2).
 //! - `plan_serializes_and_reloads`: a plan compiled ahead of time, bincode round trip, loaded
 //!   by the runtime executor alone, same results; CUDA-graph replay equals the first run.
+//! - `artifact_runs_through_precompiled_cuda`: the same plan in an artifact, through the
+//!   runtime's `PrecompiledCuda` (this device's arch, and sm_80 PTX on newer devices).
 //! - `bench_buckets` (ignored; scripts/gpu_check.sh runs it): per-bucket timings as JSON lines.
 
 use std::path::PathBuf;
@@ -226,6 +228,40 @@ fn plan_serializes_and_reloads() {
     let want = interpret(&g, &w, &inputs, b).unwrap();
     assert!(max_rel_err(&out.tensors[0], &want[0]) <= 1e-4);
     eprintln!("serialized plan: {} bytes ({} launches, cubin: {})", bytes.len(), spec.launches.len(), spec.cubin.is_some());
+}
+
+#[test]
+fn artifact_runs_through_precompiled_cuda() {
+    use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
+    use kiln_runtime::cuda::{parse_arch, PrecompiledCuda};
+    let Some(be) = backend() else { return };
+    let g = build_bert(&BertConfig::tiny(), "", BertOutputs::default()).unwrap();
+    let w = random_weights(&g);
+    let b = Bucket::new(2, 16);
+    let inputs = token_batch(b, 50, &[16, 9]);
+    let want = interpret(&g, &w, &inputs, b).unwrap();
+    let cc = be.device().compute_capability();
+    // This device's architecture (cubin where ptxas made one) and, on newer devices, sm_80
+    // (PTX, JIT-compiled by the driver).
+    let mut archs = vec![be.device().arch()];
+    if cc > (8, 0) {
+        archs.push("sm_80".into());
+    }
+    for arch in archs {
+        let (major, minor) = parse_arch(&arch).unwrap();
+        let spec = compile_graph(&g, b, &CudaTarget::new(&arch).unwrap()).unwrap().spec;
+        let payload = bincode::serde::encode_to_vec(&spec, bincode::config::standard()).unwrap();
+        let a = Artifact::new(&g, Target::Cuda { major, minor }, vec![(b, PlanPayload::Cuda(payload))]);
+        let a = Artifact::from_bytes(&a.to_bytes()).unwrap();
+        let pre = PrecompiledCuda::new(a).unwrap();
+        assert!(!pre.caps().can_lower);
+        // As `kiln embed --plan` does: the engine "lowers" a bucket by loading its plan.
+        let engine = Engine::new(pre, g.clone(), &w, &[b], LowerPolicy::Jit).unwrap();
+        let out = engine.infer(&Batch { tensors: inputs.clone() }).unwrap();
+        let err = max_rel_err(&out.tensors[0], &want[0]);
+        assert!(err <= 1e-4, "{arch} artifact on sm_{}{}: max rel err {err}", cc.0, cc.1);
+        eprintln!("PrecompiledCuda: {arch} artifact on sm_{}{} (cubin: {}): max rel err {err:.2e}", cc.0, cc.1, spec.cubin.is_some());
+    }
 }
 
 /// Timings per bucket as JSON lines on stdout (`KILN_BENCH_BUCKETS=1x128,8x128`, default the
