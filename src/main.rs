@@ -173,7 +173,8 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// `kiln bench`: lowers each bucket once, warms up, then times `runs` forward passes.
+/// `kiln bench`: lowers each bucket once, warms up, then times `runs` forward passes; prints the
+/// median and the matmul GFLOP/s, against this machine's measured FMA peak on the CPU.
 fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threads: Option<usize>, runs: usize, profile: bool) -> Result<()> {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::Threads;
@@ -181,6 +182,8 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
     let m = SentenceModel::open(&dir, BertOutputs::default())?;
     let weights = m.load_weights()?;
     let buckets = buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
+    // Matmul flops per bucket (GEMMs and attention products), the figure GFLOP/s are quoted for.
+    let flops = |b: Bucket| pipeline::compile_report(&m.graph, b).map(|r| r.matmul_flops as f64);
     match backend {
         BackendKind::Cpu => {
             let threads = match threads {
@@ -189,6 +192,11 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                 Some(n) => Threads::Count(n),
             };
             let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+            let peak = kiln_kernels::peak::fma_peak_gflops(be.threads(), 10, 15.0);
+            match peak {
+                Some(p) => println!("FMA peak (measured, {} thread(s), register-only ymm FMA loop): {p:.1} GFLOP/s", be.threads()),
+                None => println!("FMA peak: not measured (no AVX2+FMA)"),
+            }
             let t = std::time::Instant::now();
             let w = be.upload(&weights, &m.graph)?;
             println!("upload (weights transposed/packed once): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
@@ -201,7 +209,8 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                     t.codegen_ms,
                     t.load_ms
                 );
-                bench_runs(&be, &mut plan, &m.graph, b, runs, be.threads())?;
+                let ms = bench_runs(&be, &mut plan, &m.graph, b, runs, be.threads())?;
+                print_gflops(b, flops(b)?, ms, peak);
                 if profile {
                     let seqs = vec![vec![101i64; b.seq]; b.batch];
                     let batch = kiln_runtime::Batch::from_token_ids(&m.graph, &seqs)?;
@@ -219,15 +228,43 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
             let w = ReferenceBackend.upload(&weights, &m.graph)?;
             for b in buckets {
                 let mut plan = ReferenceBackend.lower(&w, &m.graph, b)?;
-                bench_runs(&ReferenceBackend, &mut plan, &m.graph, b, runs, 1)?;
+                let ms = bench_runs(&ReferenceBackend, &mut plan, &m.graph, b, runs, 1)?;
+                print_gflops(b, flops(b)?, ms, None);
             }
         }
-        BackendKind::Cuda => return Err(Error::Unsupported("backend cuda is not available in this build".into())),
+        BackendKind::Cuda => {
+            let be = kiln_compiler::backends::cuda::CudaBackend::new()?;
+            let caps = be.caps();
+            println!("device: {}", caps.device);
+            let t = std::time::Instant::now();
+            let w = be.upload(&weights, &m.graph)?;
+            println!("upload: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            for b in buckets {
+                let t = std::time::Instant::now();
+                let mut plan = be.lower(&w, &m.graph, b)?;
+                println!("bucket {b}: lowering {:.1} ms (middle-end, CUDA C, NVRTC, load)", t.elapsed().as_secs_f64() * 1e3);
+                let ms = bench_runs(&be, &mut plan, &m.graph, b, runs, 1)?;
+                print_gflops(b, flops(b)?, ms, None);
+            }
+        }
     }
     Ok(())
 }
 
-fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Graph, b: Bucket, runs: usize, threads: usize) -> Result<()> {
+fn print_gflops(b: Bucket, flops: f64, median_ms: f64, peak: Option<f64>) {
+    let gf = flops / (median_ms * 1e-3) / 1e9;
+    match peak {
+        Some(p) => println!(
+            "bucket {b}: {gf:.1} GFLOP/s ({:.3} GFLOP of matmuls), {:.0}% of the measured peak",
+            flops / 1e9,
+            100.0 * gf / p
+        ),
+        None => println!("bucket {b}: {gf:.1} GFLOP/s ({:.3} GFLOP of matmuls)", flops / 1e9),
+    }
+}
+
+/// Times `runs` forward passes after a warm-up; prints and returns the median in ms.
+fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Graph, b: Bucket, runs: usize, threads: usize) -> Result<f64> {
     // Full-length rows of in-vocabulary ids: [CLS] then arbitrary word pieces.
     let seqs: Vec<Vec<i64>> =
         (0..b.batch).map(|r| (0..b.seq).map(|t| if t == 0 { 101 } else { 1000 + ((r * 7919 + t * 104729) % 20000) as i64 }).collect()).collect();
@@ -246,14 +283,14 @@ fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Grap
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ms.sort_by(|a, b| a.total_cmp(b));
+    let median = ms[ms.len() / 2];
     println!(
-        "bucket {b}: median {:.3} ms (min {:.3}, max {:.3}, {} runs, {threads} thread(s))",
-        ms[ms.len() / 2],
+        "bucket {b}: median {median:.3} ms (min {:.3}, max {:.3}, {} runs, {threads} thread(s))",
         ms[0],
         ms[ms.len() - 1],
         ms.len()
     );
-    Ok(())
+    Ok(median)
 }
 
 fn inspect(path: &std::path::Path) -> Result<()> {

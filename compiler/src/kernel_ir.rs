@@ -487,6 +487,27 @@ impl KernelProgram {
         &self.buffers[id.index()]
     }
 
+    /// Floating-point operations of the program's matrix products (2 per multiply-add: GEMMs and
+    /// both products of every attention kernel), the figure GFLOP/s are quoted against.
+    /// Elementwise work, norms and softmax exponentials are not counted.
+    pub fn matmul_flops(&self) -> u64 {
+        self.kernels
+            .iter()
+            .map(|k| match &k.op {
+                KernelOp::Gemm { batch, m, n, k, .. } => {
+                    2 * batch.iter().product::<usize>() as u64 * (*m as u64) * (*n as u64) * (*k as u64)
+                }
+                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, .. } => {
+                    2 * batch.iter().product::<usize>() as u64
+                        * (*seq_q as u64)
+                        * (*seq_kv as u64)
+                        * (*head_dim as u64 + *v_dim as u64)
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Number of kernels of each kind (see [`KernelOp::kind_name`]).
     pub fn kernels_by_kind(&self) -> BTreeMap<&'static str, usize> {
         let mut m = BTreeMap::new();

@@ -113,6 +113,8 @@ pub struct CompileReport {
     pub arena_bytes: usize,
     pub naive_bytes: usize,
     pub lower_bound_bytes: usize,
+    /// [`KernelProgram::matmul_flops`](crate::kernel_ir::KernelProgram::matmul_flops) of the plan.
+    pub matmul_flops: u64,
 }
 
 impl CompileReport {
@@ -144,6 +146,7 @@ pub fn report_of(graph: &Graph, lowered: &Lowered) -> CompileReport {
         arena_bytes: lowered.plan.arena_bytes,
         naive_bytes: lowered.plan.naive_bytes,
         lower_bound_bytes: lowered.plan.lower_bound_bytes,
+        matmul_flops: lowered.program.matmul_flops(),
     }
 }
 
@@ -160,6 +163,7 @@ impl fmt::Display for CompileReport {
         writeln!(f, "arena bytes: {}", self.arena_bytes)?;
         writeln!(f, "naive bytes: {}", self.naive_bytes)?;
         writeln!(f, "lower bound bytes: {}", self.lower_bound_bytes)?;
-        write!(f, "arena / lower bound: {:.3}", self.ratio())
+        writeln!(f, "arena / lower bound: {:.3}", self.ratio())?;
+        write!(f, "matmul flop: {} ({:.3} GFLOP)", self.matmul_flops, self.matmul_flops as f64 / 1e9)
     }
 }

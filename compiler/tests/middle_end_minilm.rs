@@ -80,6 +80,22 @@ fn compile_report_prints_counts_and_bytes() {
     assert_eq!(r.ops_before, 195);
     assert_eq!(r.kernels_after, r.kernels_by_kind.values().sum::<usize>());
     assert!(r.arena_bytes <= r.naive_bytes && r.lower_bound_bytes <= r.arena_bytes);
+    assert!(text.contains("matmul flop: "), "missing the flop line in\n{text}");
+}
+
+#[test]
+fn matmul_flops_match_the_textbook_count() {
+    // Per layer and token row: Q, K, V and the output projection (4·h·h), the FFN (2·h·f);
+    // per head: Q·Kᵀ and P·V (2·s·s·d). Two flops per multiply-add.
+    let (h, f, heads, d, layers) = (384u64, 1536u64, 12u64, 32u64, 6u64);
+    let g = minilm(6, BertOutputs::default());
+    for (batch, seq) in [(1u64, 16u64), (1, 128), (8, 128)] {
+        let r = compile_report(&g, Bucket::new(batch as usize, seq as usize)).unwrap();
+        let rows = batch * seq;
+        let linear = 2 * rows * (4 * h * h + 2 * h * f);
+        let attention = 2 * batch * heads * seq * seq * 2 * d;
+        assert_eq!(r.matmul_flops, layers * (linear + attention), "bucket {batch}x{seq}");
+    }
 }
 
 fn check_against_reference(g: &Graph, b: Bucket, seed: u64) {

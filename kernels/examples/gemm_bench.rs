@@ -14,58 +14,9 @@ use kiln_kernels::math::{self, Activation, Unary};
 use kiln_kernels::threadpool::ThreadPool;
 use kiln_kernels::{detect_isa, Isa};
 
-/// FLOPs per call of `fma_loop`: iters · 12 chains · 8 lanes · 2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn fma_loop(iters: u64, seed: f32) -> f32 {
-    use std::arch::x86_64::*;
-    // 12 independent accumulator chains: FMA latency (4 cycles) × 2 pipes needs at least 8.
-    let x = _mm256_set1_ps(0.999_999);
-    let y = _mm256_set1_ps(1e-7);
-    let mut a = [_mm256_set1_ps(seed); 12];
-    for (i, v) in a.iter_mut().enumerate() {
-        *v = _mm256_add_ps(*v, _mm256_set1_ps(i as f32));
-    }
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, x, y);
-        }
-    }
-    let mut s = _mm256_setzero_ps();
-    for v in a {
-        s = _mm256_add_ps(s, v);
-    }
-    let mut out = [0.0f32; 8];
-    // SAFETY: out has 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
-    out.iter().sum()
-}
-
 /// Peak GFLOP/s of `threads` threads each running the register FMA loop.
 fn fma_peak(threads: usize) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if detect_isa().has_avx2() {
-        // Many short runs, best kept: other processes on the machine only ever make a run slower.
-        let iters: u64 = 10_000_000;
-        let mut best = 0.0f64;
-        for _ in 0..15 {
-            let t0 = Instant::now();
-            std::thread::scope(|s| {
-                for t in 0..threads {
-                    s.spawn(move || {
-                        // SAFETY: AVX2+FMA detected above.
-                        black_box(unsafe { fma_loop(black_box(iters), t as f32) })
-                    });
-                }
-            });
-            let dt = t0.elapsed().as_secs_f64();
-            let flops = (iters * 12 * 8 * 2 * threads as u64) as f64;
-            best = best.max(flops / dt / 1e9);
-        }
-        return best;
-    }
-    let _ = threads;
-    f64::NAN
+    kiln_kernels::peak::fma_peak_gflops(threads, 15, 17.0).unwrap_or(f64::NAN)
 }
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {

@@ -39,6 +39,7 @@ pub mod attention;
 pub mod error;
 pub mod gemm;
 pub mod math;
+pub mod peak;
 pub mod table;
 
 pub mod threadpool;
