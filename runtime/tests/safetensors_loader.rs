@@ -36,7 +36,8 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-st-{}", std::process::id()));
+    // Under the target dir (cargo's scratch space for integration tests), not left in /tmp.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kiln-st-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
