@@ -105,20 +105,6 @@ fn cuda_without_a_driver_is_a_one_line_error() {
     assert!(err.contains("driver"), "{err}");
 }
 
-/// NVRTC present, or the test is skipped with a printed reason; under `KILN_REQUIRE_NVRTC=1`
-/// (set by scripts/test.sh after installing it) a missing NVRTC fails instead.
-fn nvrtc_or_skip() -> bool {
-    use kiln_compiler::codegen::cuda::nvrtc::{missing_nvrtc_error, nvrtc_present};
-    if nvrtc_present() {
-        return true;
-    }
-    if std::env::var("KILN_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-        panic!("{} (KILN_REQUIRE_NVRTC=1: the NVRTC tests must run)", missing_nvrtc_error());
-    }
-    eprintln!("SKIPPED: {}", missing_nvrtc_error());
-    false
-}
-
 /// Checks the one-line, no-panic error of `kiln embed --plan` for a GPU artifact on a machine
 /// without the CUDA driver. `false` (nothing checked) where a driver is present.
 fn embed_gpu_plan_without_driver(plan: &str, model: &str) -> bool {
@@ -137,7 +123,7 @@ fn embed_gpu_plan_without_driver(plan: &str, model: &str) -> bool {
 #[test]
 fn cuda_artifact_compiles_and_inspects() {
     let Some(dir) = model_dir() else { return };
-    if !nvrtc_or_skip() {
+    if !kiln_compiler::testing::nvrtc_or_skip() {
         return;
     }
     let d = dir.to_str().unwrap();

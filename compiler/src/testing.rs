@@ -675,3 +675,18 @@ pub fn random_graph(rng: &mut Rng) -> Result<Graph> {
     }
     g.b.finish()
 }
+
+/// Whether NVRTC can be loaded, for tests that compile CUDA C: `false` (the test skips, with a
+/// printed reason) when it cannot, except under `KILN_REQUIRE_NVRTC=1` (set by scripts/test.sh
+/// after installing NVRTC, so in CI), where a missing NVRTC panics: those tests must run there.
+pub fn nvrtc_or_skip() -> bool {
+    use crate::codegen::cuda::nvrtc::{missing_nvrtc_error, nvrtc_present};
+    if nvrtc_present() {
+        return true;
+    }
+    if std::env::var("KILN_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+        panic!("{} (KILN_REQUIRE_NVRTC=1: the NVRTC tests must run)", missing_nvrtc_error());
+    }
+    eprintln!("SKIPPED: {}", missing_nvrtc_error());
+    false
+}

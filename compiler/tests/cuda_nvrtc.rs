@@ -7,24 +7,14 @@
 
 use std::time::Instant;
 
-use kiln_compiler::codegen::cuda::nvrtc::{compile_ptx, find_ptxas, missing_nvrtc_error, nvrtc_present, nvrtc_version};
+use kiln_compiler::codegen::cuda::nvrtc::{compile_ptx, find_ptxas, nvrtc_version};
 use kiln_compiler::codegen::cuda::{compile_graph, CudaTarget};
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
+use kiln_compiler::testing::nvrtc_or_skip;
 use kiln_runtime::cuda::ptx_entries;
 use kiln_runtime::graph::{Dim, InputRole};
 use kiln_runtime::{Bucket, DType, Error, Graph};
-
-fn nvrtc_or_skip() -> bool {
-    if nvrtc_present() {
-        return true;
-    }
-    if std::env::var("KILN_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-        panic!("{} (KILN_REQUIRE_NVRTC=1: the NVRTC tests must run)", missing_nvrtc_error());
-    }
-    eprintln!("SKIPPED: {}", missing_nvrtc_error());
-    false
-}
 
 /// Compiles `g` for every (arch, bucket) and checks the PTX defines every launched kernel.
 fn compile_all(what: &str, g: &Graph, archs: &[&str], buckets: &[Bucket]) {
