@@ -169,7 +169,7 @@ fn executor_runs_verified_code() {
     let mut exe = CpuExecutable::load(img).unwrap();
     let input = HostTensor::f32(vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
     let mut out = vec![HostTensor::zeros(DType::F32, vec![1, 4])];
-    unsafe { exe.run(&[], std::ptr::null(), &[input.clone()], &mut out, &Inline) }.unwrap();
+    unsafe { exe.run(&[], std::ptr::null(), std::slice::from_ref(&input), &mut out, &Inline) }.unwrap();
     assert_eq!(out[0].to_f32_vec(), vec![3.0, 0.0, 0.0, 0.0]);
     assert_eq!(&exe.arena()[..16], &[0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64]);
     // A batch of the wrong shape is refused before any code runs.

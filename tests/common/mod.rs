@@ -82,7 +82,7 @@ pub fn check_backend<B: Backend>(backend: B, m: &SentenceModel, weights: &[HostT
     // The encoder output of sentence 0, first 8 values per token.
     let k = engine.graph().output_names.iter().position(|n| n == "last_hidden_state").unwrap();
     let s0 = ids(&sentences[0]["ids"]);
-    let out = engine.infer(&Batch::from_token_ids(engine.graph(), &[s0.clone()]).unwrap()).unwrap();
+    let out = engine.infer(&Batch::from_token_ids(engine.graph(), std::slice::from_ref(&s0)).unwrap()).unwrap();
     let h = out.tensors[k].to_f32_vec();
     for (tok, want) in g["last_hidden_state_sentence0_first8"].as_array().unwrap().iter().enumerate() {
         let got = &h[tok * 384..tok * 384 + 8];
