@@ -4,25 +4,16 @@
 //! of the other kind. None of this needs the CUDA driver, so it all runs in CI.
 
 use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
-use kiln_runtime::cpu::{Binding, CpuPlanImage, CpuStep, PrecompiledCpu, Threads};
+use kiln_runtime::cpu::{PrecompiledCpu, Threads};
 use kiln_runtime::cuda::{
     check_device_for_artifact, check_plan_weights, decode_plan, plan_from_artifact, select_code, CodeChoice,
     CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightSlot, CUDA_PLAN_VERSION,
 };
-use kiln_runtime::graph::{Graph, InputRole, InputSpec, Op, WeightSpec};
-use kiln_runtime::{Backend, Bucket, DType, Dim, Error, HostTensor};
+use kiln_runtime::{Backend, Bucket, DType, Error, HostTensor};
 
-fn graph() -> Graph {
-    let mut g = Graph::default();
-    g.inputs.push(InputSpec { name: "x".into(), dtype: DType::F32, shape: vec![Dim::Batch, Dim::Fixed(4)], role: InputRole::Other });
-    g.weights.push(WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![4] });
-    let x = g.push("x", Op::Input { index: 0 }, vec![]).unwrap();
-    let w = g.push("w", Op::Weight { index: 0 }, vec![]).unwrap();
-    let y = g.push("y", Op::Binary(kiln_runtime::BinaryOp::Mul), vec![x, w]).unwrap();
-    g.outputs.push(y);
-    g.output_names.push("y".into());
-    g
-}
+mod common;
+use common::{graph, ud2_image};
+
 
 fn spec(bucket: Bucket, arch: &str, cubin: Option<Vec<u8>>) -> CudaPlanSpec {
     let n = bucket.batch * 4;
@@ -60,7 +51,7 @@ const B1: Bucket = Bucket { batch: 1, seq: 1 };
 const B2: Bucket = Bucket { batch: 2, seq: 1 };
 
 fn cuda_artifact(payloads: Vec<(Bucket, PlanPayload)>) -> Artifact {
-    Artifact::new(&graph(), Target::Cuda { major: 9, minor: 0 }, payloads)
+    Artifact::new(&graph(4), Target::Cuda { major: 9, minor: 0 }, payloads)
 }
 
 /// A sm_90 artifact with plans for 1x1 (with a cubin) and 2x1 (PTX only), through bytes.
@@ -81,11 +72,11 @@ fn artifact_message(e: Error) -> String {
 fn gpu_plans_round_trip_through_an_artifact() {
     let (a, s1, s2) = verified();
     assert_eq!(a.header.target, Target::Cuda { major: 9, minor: 0 });
-    a.check_graph(&graph()).unwrap();
+    a.check_graph(&graph(4)).unwrap();
     assert_eq!(plan_from_artifact(&a, B1).unwrap(), s1);
     assert_eq!(plan_from_artifact(&a, B2).unwrap(), s2);
     // The decoded plans are what a device would load: valid, and made for the graph's weights.
-    let uploaded: Vec<WeightSlot> = graph().weights.iter().map(|w| WeightSlot { dtype: w.dtype, shape: w.shape.clone() }).collect();
+    let uploaded: Vec<WeightSlot> = graph(4).weights.iter().map(|w| WeightSlot { dtype: w.dtype, shape: w.shape.clone() }).collect();
     check_plan_weights(&s1, &uploaded).unwrap();
     check_device_for_artifact(&a, (9, 0)).unwrap();
 }
@@ -148,27 +139,12 @@ fn a_plan_for_another_architecture_than_the_header_is_rejected() {
     assert!(m.contains("sm_80") && m.contains("sm_90") && m.contains("bucket 1x1"), "{m}");
 }
 
-fn cpu_image(bucket: Bucket) -> CpuPlanImage {
-    CpuPlanImage {
-        bucket,
-        code: vec![0x0f, 0x0b, 0xc3, 0x90],
-        steps: vec![CpuStep { name: "k0".into(), entry: 0, tasks: 1 }],
-        arena_bytes: 128,
-        inputs: vec![Binding { offset: 0, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
-        outputs: vec![Binding { offset: 64, dtype: DType::F32, shape: vec![bucket.batch, 4] }],
-        required_features: vec![],
-        arena_init: vec![],
-        weights: vec![],
-        kernel_abi: kiln_kernels::table::KERNEL_ABI_VERSION,
-        scratch_threads: 1,
-    }
-}
 
 #[test]
 fn plans_of_the_wrong_kind_are_rejected() {
     // A CPU plan in a CUDA artifact: refused by the verifier, and by the GPU loader for an
     // artifact built in memory.
-    let mixed = cuda_artifact(vec![(B1, PlanPayload::Cpu(cpu_image(B1)))]);
+    let mixed = cuda_artifact(vec![(B1, PlanPayload::Cpu(ud2_image(B1, &[])))]);
     let m = artifact_message(Artifact::from_bytes(&mixed.to_bytes()).unwrap_err());
     assert!(m.contains("cuda artifact holds a non-cuda plan"), "{m}");
     let m = artifact_message(plan_from_artifact(&mixed, B1).unwrap_err());
@@ -176,12 +152,12 @@ fn plans_of_the_wrong_kind_are_rejected() {
 
     // A GPU plan in a CPU artifact: refused by the verifier.
     let cpu_target = Target::CpuX86_64 { features: vec![] };
-    let mixed = Artifact::new(&graph(), cpu_target.clone(), vec![(B1, PlanPayload::Cuda(encode(&spec(B1, "sm_90", None))))]);
+    let mixed = Artifact::new(&graph(4), cpu_target.clone(), vec![(B1, PlanPayload::Cuda(encode(&spec(B1, "sm_90", None))))]);
     let m = artifact_message(Artifact::from_bytes(&mixed.to_bytes()).unwrap_err());
     assert!(m.contains("cpu artifact holds a non-cpu plan"), "{m}");
 
     // A CPU artifact given to the GPU side.
-    let cpu = Artifact::new(&graph(), cpu_target, vec![(B1, PlanPayload::Cpu(cpu_image(B1)))]);
+    let cpu = Artifact::new(&graph(4), cpu_target, vec![(B1, PlanPayload::Cpu(ud2_image(B1, &[])))]);
     let m = artifact_message(plan_from_artifact(&cpu, B1).unwrap_err());
     assert!(m.contains("not a CUDA GPU"), "{m}");
     let m = artifact_message(check_device_for_artifact(&cpu, (9, 0)).unwrap_err());
@@ -193,7 +169,7 @@ fn precompiled_cpu_refuses_a_cuda_artifact() {
     let (a, _, _) = verified();
     let be = PrecompiledCpu::with_threads(a, Threads::Single);
     let w = HostTensor::f32(vec![4], vec![1.0; 4]).unwrap();
-    let m = artifact_message(be.upload(&[w], &graph()).unwrap_err());
+    let m = artifact_message(be.upload(&[w], &graph(4)).unwrap_err());
     assert!(m.contains("cuda sm_90") && m.contains("PrecompiledCuda"), "{m}");
 }
 
@@ -260,7 +236,7 @@ mod with_driver_api {
 
     #[test]
     fn precompiled_cuda_refuses_a_cpu_artifact_before_touching_the_driver() {
-        let cpu = Artifact::new(&graph(), Target::CpuX86_64 { features: vec![] }, vec![(B1, PlanPayload::Cpu(cpu_image(B1)))]);
+        let cpu = Artifact::new(&graph(4), Target::CpuX86_64 { features: vec![] }, vec![(B1, PlanPayload::Cpu(ud2_image(B1, &[])))]);
         let m = artifact_message(PrecompiledCuda::new(cpu).unwrap_err());
         assert!(m.contains("not a CUDA GPU"), "{m}");
     }
