@@ -293,14 +293,19 @@ fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Grap
     Ok(median)
 }
 
+/// An artifact error with the file it came from in front of its message; other errors as they are.
+fn in_file(path: &std::path::Path, e: Error) -> Error {
+    match e {
+        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
+        other => other,
+    }
+}
+
 fn inspect(path: &std::path::Path) -> Result<()> {
     use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let t = std::time::Instant::now();
-    let a = Artifact::from_bytes(&bytes).map_err(|e| match e {
-        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
-        other => other,
-    })?;
+    let a = Artifact::from_bytes(&bytes).map_err(|e| in_file(path, e))?;
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
     println!("file: {} ({} bytes)", path.display(), bytes.len());
     println!("format version: {FORMAT_VERSION}");
@@ -324,10 +329,7 @@ fn inspect(path: &std::path::Path) -> Result<()> {
     if let kiln_runtime::artifact::Target::Cuda { .. } = a.header.target {
         let t = std::time::Instant::now();
         for &b in &a.header.buckets {
-            gpu.push(kiln_runtime::cuda::plan_from_artifact(&a, b).map_err(|e| match e {
-                Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
-                other => other,
-            })?);
+            gpu.push(kiln_runtime::cuda::plan_from_artifact(&a, b).map_err(|e| in_file(path, e))?);
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         println!("GPU plans decoded and validated (launches, bindings, PTX entries) in {ms:.2} ms");
@@ -408,12 +410,9 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
     use kiln_runtime::artifact::{Artifact, Target};
     use kiln_runtime::cpu::PrecompiledCpu;
     use kiln_runtime::cuda::PrecompiledCuda;
-    let in_file = |e: Error| match e {
-        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
-        other => other,
-    };
+    let at_path = |e| in_file(path, e);
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    let artifact = Artifact::from_bytes(&bytes).map_err(in_file)?;
+    let artifact = Artifact::from_bytes(&bytes).map_err(at_path)?;
     let graph = artifact.body.graph.clone();
     let buckets = artifact.header.buckets.clone();
     let weights = || {
@@ -428,10 +427,10 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
             // The GPU first: without one this fails at once, before the weights are read.
             let be = PrecompiledCuda::new(artifact).map_err(|e| match e {
                 Error::Backend(msg) => Error::Backend(format!("{} holds GPU plans ({target}): {msg}", path.display())),
-                other => in_file(other),
+                other => at_path(other),
             })?;
-            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(in_file)?;
-            embed_ids(&engine, &m.tokenize(texts)?).map_err(in_file)
+            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(at_path)?;
+            embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
         }
     }
 }

@@ -490,7 +490,7 @@ mod exec {
         }
         /// `sm_XY` of this device.
         pub fn arch(&self) -> String {
-            format!("sm_{}{}", self.cc.0, self.cc.1)
+            sm_name(self.cc)
         }
         pub fn total_memory(&self) -> u64 {
             self.total_mem
@@ -706,9 +706,8 @@ mod exec {
         /// it was built for exactly this device, else PTX).
         fn lower(&self, weights: &CudaWeights, graph: &crate::graph::Graph, bucket: Bucket) -> Result<CudaPlan> {
             self.artifact.check_graph(graph)?;
-            let spec = plan_from_artifact(&self.artifact, bucket)?;
-            check_plan_weights(&spec, weights.slots())?;
-            self.dev.load_plan(spec, weights)
+            // `load_plan` checks the plan's weight table against the uploaded weights.
+            self.dev.load_plan(plan_from_artifact(&self.artifact, bucket)?, weights)
         }
 
         fn run(&self, plan: &mut CudaPlan, batch: &Batch, outputs: &mut Outputs) -> Result<()> {
