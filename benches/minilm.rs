@@ -11,16 +11,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kiln::model::SentenceModel;
+use kiln::model::{bench_token_ids, SentenceModel};
 use kiln_compiler::backends::cpu::CpuBackend;
 use kiln_compiler::models::bert::BertOutputs;
 use kiln_compiler::pipeline::compile_report;
 use kiln_runtime::{Backend, Batch, Bucket, Outputs};
 
 fn model_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KILN_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2"));
+    // `cargo bench` runs in the package root, where the default (relative) model folder lives.
+    let dir = kiln::fetch::default_model_dir();
     if kiln::fetch::is_complete(&dir) {
         Some(dir)
     } else {
@@ -54,10 +53,7 @@ fn minilm(c: &mut Criterion) {
         let flops = compile_report(&m.graph, b).expect("report").matmul_flops;
         fwd.throughput(Throughput::Elements(flops));
         let mut plan = be.lower(&w, &m.graph, b).expect("lower");
-        let seqs: Vec<Vec<i64>> = (0..b.batch)
-            .map(|r| (0..b.seq).map(|t| if t == 0 { 101 } else { 1000 + ((r * 7919 + t * 104729) % 20000) as i64 }).collect())
-            .collect();
-        let batch = Batch::from_token_ids(&m.graph, &seqs).expect("batch");
+        let batch = Batch::from_token_ids(&m.graph, &bench_token_ids(b)).expect("batch");
         let mut out = Outputs::for_bucket(&m.graph, b);
         fwd.bench_function(b.to_string(), |bench| bench.iter(|| be.run(&mut plan, &batch, &mut out).expect("run")));
     }

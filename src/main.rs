@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use kiln::fetch::{default_model_dir, fetch_minilm, is_complete};
-use kiln::model::{cosine, embed_ids, SentenceModel};
+use kiln::model::{bench_token_ids, cosine, embed_ids, SentenceModel};
 use kiln_compiler::backends::reference::ReferenceBackend;
 use kiln_compiler::models::bert::BertOutputs;
 use kiln_compiler::pipeline;
@@ -265,10 +265,7 @@ fn print_gflops(b: Bucket, flops: f64, median_ms: f64, peak: Option<f64>) {
 
 /// Times `runs` forward passes after a warm-up; prints and returns the median in ms.
 fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Graph, b: Bucket, runs: usize, threads: usize) -> Result<f64> {
-    // Full-length rows of in-vocabulary ids: [CLS] then arbitrary word pieces.
-    let seqs: Vec<Vec<i64>> =
-        (0..b.batch).map(|r| (0..b.seq).map(|t| if t == 0 { 101 } else { 1000 + ((r * 7919 + t * 104729) % 20000) as i64 }).collect()).collect();
-    let batch = kiln_runtime::Batch::from_token_ids(graph, &seqs)?;
+    let batch = kiln_runtime::Batch::from_token_ids(graph, &bench_token_ids(b))?;
     let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
     let warm = std::time::Instant::now();
     let mut warmups = 0;

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_compiler::models::bert::{build_bert, detect_prefix, BertConfig, BertOutputs};
 use kiln_runtime::{
-    block_on, load_graph_weights, Backend, Batch, Engine, Error, Graph, HostTensor, Result, SafetensorsLoader, WeightLoader,
+    block_on, load_graph_weights, Backend, Batch, Bucket, Engine, Error, Graph, HostTensor, Result, SafetensorsLoader, WeightLoader,
     WeightSource,
 };
 use tokenizers::Tokenizer;
@@ -88,4 +88,12 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
         bb += y as f64 * y as f64;
     }
     ab / (aa.sqrt() * bb.sqrt()).max(1e-30)
+}
+
+/// Token ids that fill `bucket` exactly, for benchmarks: every row full length, `[CLS]` then
+/// arbitrary in-vocabulary word pieces (the run time does not depend on which).
+pub fn bench_token_ids(bucket: Bucket) -> Vec<Vec<i64>> {
+    (0..bucket.batch)
+        .map(|r| (0..bucket.seq).map(|t| if t == 0 { 101 } else { 1000 + ((r * 7919 + t * 104729) % 20000) as i64 }).collect())
+        .collect()
 }
