@@ -136,7 +136,7 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                     h.mask.add((r0 + i) * h.strides.mask)
                 };
                 let (_, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
-                *inv.add(i) = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                *inv.add(i) = if sum == 0.0 { 0.0 } else { 1.0 / sum };
             }
             let od = GemmDesc {
                 m: rb,

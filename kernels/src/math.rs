@@ -33,7 +33,11 @@
 //! | gelu_erf | [-10, 10] | 4.7e-7 | 3.8e-7 (at x≈4.9) |
 //! | gelu_tanh | [-3, 10] / [-10, 10] | 8.4e-7 / 1.2e-5 (tail cond. ≈ 2u) | 5.2e-7 (at x≈4.7) |
 //!
-//! NaN inputs give NaN outputs.
+//! NaN inputs give NaN outputs. SiLU and both GELUs follow their defining f32 formulas in the
+//! tails, where the clamped exponentials here would not (kiln's special-value contract,
+//! `kiln_compiler::ops`; PyTorch's eager kernels agree): beyond |x| > 88 the result is x for
+//! x > 0 and -0 for x < 0 (SiLU: x/(1 + e^-x); the GELUs: x/2·(1 + (-1)), the sign of the true
+//! tiny negative value), and NaN at -inf (`-inf·0`).
 
 /// Activation applied by a GEMM epilogue. The `u32` values are the C ABI encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -214,7 +218,9 @@ pub fn exp(x: f32) -> f32 {
     if x > EXP_MAX {
         return f32::INFINITY;
     }
-    let x = x.max(EXP_MIN);
+    if x < EXP_MIN {
+        return 0.0;
+    }
     let n = (x * LOG2E).round_ties_even();
     let r = x - n * LN2_HI;
     let r = r - n * LN2_LO;
@@ -279,6 +285,9 @@ pub fn sigmoid(x: f32) -> f32 {
 /// x·sigmoid(x) (scalar path).
 #[inline]
 pub fn silu(x: f32) -> f32 {
+    if x.abs() > TAIL {
+        return tail(x);
+    }
     x / (1.0 + exp(-x))
 }
 
@@ -290,6 +299,9 @@ pub fn silu(x: f32) -> f32 {
 pub fn gelu_erf(x: f32) -> f32 {
     if x.is_nan() {
         return x;
+    }
+    if x.abs() > TAIL {
+        return tail(x);
     }
     let a = (x * FRAC_1_SQRT_2).abs();
     let erfc_a = if a < ERFC_MAX {
@@ -308,8 +320,25 @@ pub fn gelu_erf(x: f32) -> f32 {
 /// (1 + tanh(u) = 2·sigmoid(2u)): no branch and no cancellation.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
+    if x.abs() > TAIL {
+        return tail(x);
+    }
     let u = SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x);
     x / (1.0 + exp((-2.0 * u).clamp(EXP_LEAN_MIN, EXP_LEAN_MAX)))
+}
+
+/// Beyond ±[`TAIL`], SiLU and the GELUs are `x` (x > 0) or -0 (x < 0; NaN at -inf).
+const TAIL: f32 = 88.0;
+
+#[inline]
+fn tail(x: f32) -> f32 {
+    if x > 0.0 {
+        x
+    } else if x == f32::NEG_INFINITY {
+        f32::NAN
+    } else {
+        -0.0
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,16 +400,18 @@ pub(crate) mod avx2 {
         _mm256_mul_ps(_mm256_mul_ps(y, s1), s2)
     }
 
-    /// e^x for the internal uses (softmax, erf, tanh, GELU, sigmoid): inputs clamped to
-    /// [-87.3, 88.3] (results stay normal: below e^-87.3 the callers' answers are under 1e-37),
-    /// one scaling step, NaN propagates. Same accuracy as `exp8` inside that range.
+    /// e^x for the internal uses (softmax, erf, tanh, GELU, sigmoid): one scaling step, so
+    /// inputs are clamped to [-87.3, 88.3] and the results stay normal; below -87.3 the result
+    /// is flushed to zero (not e^-87.3: a softmax weight of an -inf score must be an exact 0, or
+    /// `weight·inf` in the value product turns 0·inf = NaN into ±inf). NaN propagates. Same
+    /// accuracy as `exp8` inside that range.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn exp8_lean(x: __m256) -> __m256 {
-        let xc = _mm256_max_ps(
-            _mm256_set1_ps(-87.3),
-            _mm256_min_ps(_mm256_set1_ps(88.3), x),
-        );
+        let lo = _mm256_set1_ps(-87.3);
+        // All ones where x >= -87.3 or x is NaN (not-less-than, unordered is true).
+        let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, lo);
+        let xc = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.3), x));
         // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
         let magic = _mm256_set1_ps(ROUND_MAGIC + 127.0);
         let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), magic);
@@ -393,7 +424,7 @@ pub(crate) mod avx2 {
             _mm256_set1_ps(1.0),
         );
         let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)));
-        _mm256_mul_ps(y, s)
+        _mm256_and_ps(_mm256_mul_ps(y, s), keep)
     }
 
     #[inline]
@@ -478,12 +509,29 @@ pub(crate) mod avx2 {
         _mm256_div_ps(one, _mm256_add_ps(one, e))
     }
 
+    /// `y`, with the tails of the module doc in the lanes where |x| > [`TAIL`]: `x` for x > 0,
+    /// -0 for x < 0, NaN at -inf. The fix-up runs only when some lane is that large (never in
+    /// a real model's activations), so the common path pays one compare and one branch.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn tails8(x: __m256, y: __m256) -> __m256 {
+        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs8(x), _mm256_set1_ps(TAIL));
+        if _mm256_movemask_ps(big) == 0 {
+            return y;
+        }
+        let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
+        let t = _mm256_blendv_ps(_mm256_set1_ps(-0.0), x, pos);
+        let ninf = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::NEG_INFINITY));
+        let t = _mm256_blendv_ps(t, _mm256_set1_ps(f32::NAN), ninf);
+        _mm256_blendv_ps(y, t, big)
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn silu8(x: __m256) -> __m256 {
         let one = _mm256_set1_ps(1.0);
         let e = exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(x, _mm256_add_ps(one, e))
+        tails8(x, _mm256_div_ps(x, _mm256_add_ps(one, e)))
     }
 
     /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
@@ -510,7 +558,7 @@ pub(crate) mod avx2 {
         let erfc_a = _mm256_mul_ps(e, horner8(v, &ERFC_T0));
         let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
         let two_phi = _mm256_blendv_ps(erfc_a, _mm256_sub_ps(_mm256_set1_ps(2.0), erfc_a), pos);
-        _mm256_mul_ps(_mm256_mul_ps(x, half), two_phi)
+        tails8(x, _mm256_mul_ps(_mm256_mul_ps(x, half), two_phi))
     }
 
     /// See the scalar `gelu_tanh`: `x / (1 + exp(-2u))`.
@@ -522,7 +570,7 @@ pub(crate) mod avx2 {
             _mm256_fmadd_ps(x3, _mm256_set1_ps(GELU_TANH_C), x),
             _mm256_set1_ps(-2.0 * SQRT_2_OVER_PI),
         );
-        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), exp8_lean(u2)))
+        tails8(x, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), exp8_lean(u2))))
     }
 
     /// The activation of eight lanes.
@@ -690,8 +738,7 @@ pub(crate) unsafe fn exp_shift_sum_raw(
         .iter()
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     if mx == f32::NEG_INFINITY {
-        row.fill(0.0);
-        return (mx, 0.0);
+        return masked_row(row);
     }
     let mut sum = 0.0f32;
     for v in row.iter_mut() {
@@ -699,6 +746,18 @@ pub(crate) unsafe fn exp_shift_sum_raw(
         sum += *v;
     }
     (mx, sum)
+}
+
+/// A row whose max is -inf: fully masked (zeros, sum 0), unless it holds a NaN, which the max
+/// (`maxps` keeps its second operand) may have skipped: then the row is NaN.
+#[cold]
+fn masked_row(row: &mut [f32]) -> (f32, f32) {
+    if row.iter().any(|v| v.is_nan()) {
+        row.fill(f32::NAN);
+        return (f32::NAN, f32::NAN);
+    }
+    row.fill(0.0);
+    (f32::NEG_INFINITY, 0.0)
 }
 
 /// In-place row softmax of `rows` rows of `cols` floats at row stride `ld`.
@@ -718,7 +777,7 @@ pub(crate) unsafe fn softmax_rows_raw(
         unsafe {
             let p = x.add(r * ld);
             let (_, sum) = exp_shift_sum_raw(p, std::ptr::null(), cols, isa);
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
             scale_raw(p, cols, inv, isa);
         }
     }
@@ -830,8 +889,7 @@ mod avx2_softmax {
         let mx = hmax(_mm256_max_ps(m0, m1));
         if mx == f32::NEG_INFINITY {
             // SAFETY: n floats at x.
-            unsafe { std::ptr::write_bytes(x, 0, n) };
-            return (mx, 0.0);
+            return super::masked_row(unsafe { std::slice::from_raw_parts_mut(x, n) });
         }
         let mxv = _mm256_set1_ps(mx);
         let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
