@@ -87,7 +87,7 @@ fn simplify_fodder() -> Graph {
     let mut b = GraphBuilder::new();
     let x = f32_input(&mut b, "x", vec![Dim::Batch, Dim::Fixed(3), Dim::Fixed(4)]);
     let one = b.scalar(1.0).unwrap();
-    let zero = b.scalar(0.0).unwrap();
+    let zero = b.scalar(-0.0).unwrap(); // the identity of float addition (x + +0 is +0 at x = -0)
     let a = b.mul(x, one).unwrap();
     let a = b.add(a, zero).unwrap();
     let t = b.transpose(a, &[0, 2, 1]).unwrap();

@@ -23,8 +23,10 @@ fn simplify_removes_identities_and_collapses_chains() {
     let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Fixed(4), Dim::Fixed(6)], InputRole::Other).unwrap();
     let one = b.scalar(1.0).unwrap();
     let zero = b.scalar(0.0).unwrap();
+    let neg_zero = b.scalar(-0.0).unwrap();
     let a = b.mul(x, one).unwrap();
-    let a = b.add(zero, a).unwrap();
+    let a = b.add(neg_zero, a).unwrap();
+    let a = b.sub(a, zero).unwrap();
     let a = b.div(a, one).unwrap();
     let t = b.transpose(a, &[0, 2, 1]).unwrap();
     let t = b.transpose(t, &[0, 2, 1]).unwrap();
@@ -39,6 +41,29 @@ fn simplify_removes_identities_and_collapses_chains() {
     let l = run_pipeline(&g, Bucket::new(2, 1)).unwrap();
     assert_eq!(ops(&l.graph), vec!["input#0", "tanh"], "{}", l.graph.print());
     assert_eq!(l.program.kernels.len(), 1);
+}
+
+/// `x + +0` is not `x` (at x = -0 it is +0), nor is `x - -0`: both stay; the bits of a -0
+/// input come out as the reference says.
+#[test]
+fn simplify_keeps_additions_that_change_the_sign_of_zero() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Fixed(2)], InputRole::Other).unwrap();
+    let zero = b.scalar(0.0).unwrap();
+    let neg_zero = b.scalar(-0.0).unwrap();
+    let a = b.add(x, zero).unwrap();
+    let s = b.sub(x, neg_zero).unwrap();
+    b.output("a", a);
+    b.output("s", s);
+    let g = b.finish().unwrap();
+    let l = run_pipeline(&g, Bucket::new(1, 1)).unwrap();
+    assert_eq!(ops(&l.graph).iter().filter(|o| *o == "add" || *o == "sub").count(), 2, "{}", l.graph.print());
+    let input = kiln_runtime::HostTensor::new(vec![1, 2], kiln_runtime::TensorData::F32(vec![-0.0, 1.0])).unwrap();
+    let out = interpret(&l.graph, &[], &[input], Bucket::new(1, 1)).unwrap();
+    for t in &out {
+        let v = t.data.to_f64_vec();
+        assert!(v[0] == 0.0 && v[0].is_sign_positive(), "{v:?}");
+    }
 }
 
 #[test]

@@ -109,12 +109,18 @@ fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> 
             let same = |v: ValueId| g.node(v).shape == n.shape && g.node(v).dtype == n.dtype;
             let cb = splat_const(g, b);
             let ca = splat_const(g, a);
+            let float = n.dtype.is_float();
+            let is_zero = |c: Option<f32>, negative: bool| {
+                c.is_some_and(|c| c == 0.0 && (!float || c.is_sign_negative() == negative))
+            };
             let r = match op {
                 BinaryOp::Mul if cb == Some(1.0) && same(a) => Some(a),
                 BinaryOp::Mul if ca == Some(1.0) && same(b) => Some(b),
-                BinaryOp::Add if cb == Some(0.0) && same(a) => Some(a),
-                BinaryOp::Add if ca == Some(0.0) && same(b) => Some(b),
-                BinaryOp::Sub if cb == Some(0.0) && same(a) => Some(a),
+                // Only `-0` is the identity of float addition (`-0 + +0 = +0`), and only `+0`
+                // of subtraction; integer zeros have one sign.
+                BinaryOp::Add if is_zero(cb, true) && same(a) => Some(a),
+                BinaryOp::Add if is_zero(ca, true) && same(b) => Some(b),
+                BinaryOp::Sub if is_zero(cb, false) && same(a) => Some(a),
                 BinaryOp::Div if cb == Some(1.0) && same(a) => Some(a),
                 _ => None,
             };
