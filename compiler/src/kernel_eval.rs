@@ -14,6 +14,7 @@ use half::{bf16, f16};
 use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
 use kiln_runtime::{DType, Error, HostTensor, Result, TensorData};
 
+use crate::ops;
 use crate::kernel_ir::*;
 use crate::memory_plan::MemoryPlan;
 
@@ -123,52 +124,12 @@ fn walk(shape: &[usize], bases: &[usize], strides: &[&[usize]], mut f: impl FnMu
     }
 }
 
-/// f32 GELU (erf form).
-pub fn gelu(x: f32) -> f32 {
-    x * 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
 pub fn unary(op: UnaryOp, x: f32) -> f32 {
-    match op {
-        UnaryOp::Gelu => gelu(x),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        UnaryOp::Silu => x / (1.0 + (-x).exp()),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Neg => -x,
-        UnaryOp::Recip => 1.0 / x,
-    }
+    ops::eval::unary(op, x)
 }
 
 pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Max => {
-            if a.is_nan() || b.is_nan() {
-                f32::NAN
-            } else {
-                a.max(b)
-            }
-        }
-        BinaryOp::Min => {
-            if a.is_nan() || b.is_nan() {
-                f32::NAN
-            } else {
-                a.min(b)
-            }
-        }
-    }
+    ops::eval::binary(op, false, a, b)
 }
 
 /// Rounds to the value set of `to` (see [`ExprNode::Cast`]).
@@ -410,8 +371,13 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                 let oo = o[loads.len()];
                 for (c, x) in row.iter().enumerate() {
                     let gv = mem.get(g.buffer, g.offset + c * g.strides[0]);
-                    let bv = bt.map(|b| mem.get(b.buffer, b.offset + c * b.strides[0])).unwrap_or(0.0);
-                    mem.set(ob, oo + c * last_stride(out, 1), (x - mean) / denom * gv + bv);
+                    // RmsNorm neither centers nor shifts (so a -0 stays -0, as on every backend).
+                    let centered = if *kind == NormKind::LayerNorm { x - mean } else { *x };
+                    let mut y = centered / denom * gv;
+                    if let Some(b) = bt {
+                        y += mem.get(b.buffer, b.offset + c * b.strides[0]);
+                    }
+                    mem.set(ob, oo + c * last_stride(out, 1), y);
                 }
                 Ok(())
             })?;

@@ -11,6 +11,7 @@ pub mod memory_plan;
 pub mod fuse;
 pub mod golden;
 pub mod models;
+pub mod ops;
 pub mod passes;
 pub mod pipeline;
 pub mod testing;

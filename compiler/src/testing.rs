@@ -14,6 +14,7 @@
 use kiln_runtime::graph::{broadcast_shapes, BinaryOp, Bucket, Dim, Graph, InputRole, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::{DType, HostTensor, Result, TensorData};
 
+use crate::ops::unary::Domain;
 use crate::ir::GraphBuilder;
 
 /// SplitMix64: small, seedable, good enough for test data.
@@ -234,27 +235,17 @@ impl Gen<'_> {
     }
 
     fn unary(&mut self, v: ValueId) -> Result<ValueId> {
-        let op = self.rng.pick(&[
-            UnaryOp::Gelu,
-            UnaryOp::Tanh,
-            UnaryOp::Relu,
-            UnaryOp::Silu,
-            UnaryOp::Exp,
-            UnaryOp::Sqrt,
-            UnaryOp::Rsqrt,
-            UnaryOp::Neg,
-            UnaryOp::Recip,
-        ]);
-        match op {
-            UnaryOp::Exp => {
+        let op = self.rng.pick(&crate::ops::unary::ALL);
+        match crate::ops::unary::domain(op) {
+            Domain::Bounded => {
                 let t = self.b.tanh(v)?;
-                self.b.exp(t)
+                self.b.unary(op, t)
             }
-            UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => {
+            Domain::Positive => {
                 let p = self.positive(v)?;
                 self.b.unary(op, p)
             }
-            op => self.b.unary(op, v),
+            Domain::Any => self.b.unary(op, v),
         }
     }
 

@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(128) {{NAME}}({{PARAMS}}) {
             } else {
                 s = -KILN_INF;
             }
-            const float m_new = fmaxf(m_i[r], kiln_warp_max(s));
+            const float m_new = kiln_max(m_i[r], kiln_warp_max(s));
             const float base = m_new == -KILN_INF ? 0.0f : m_new;
             const float p = expf(s - base);
             const float corr = expf(m_i[r] - base);

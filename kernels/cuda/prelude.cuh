@@ -64,11 +64,18 @@ __device__ __forceinline__ kiln_bf16 kiln_f32_to_bf16(float f) {
     return (kiln_bf16)(u >> 16);
 }
 
-// Scalar functions with the graph IR's numerics (GELU is the exact erf form).
-__device__ __forceinline__ float kiln_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-__device__ __forceinline__ float kiln_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float kiln_relu(float x) { return fmaxf(x, 0.0f); }
-__device__ __forceinline__ float kiln_rsqrt(float x) { return 1.0f / sqrtf(x); }
+// The NaN contract's max/min (see kiln_compiler::ops): NaN if either operand is NaN, -0 < +0.
+// CUDA's fmaxf/fminf return the other operand for a NaN, which would hide it.
+__device__ __forceinline__ float kiln_max(float a, float b) {
+    if (a != a || b != b) return a + b;
+    if (a == b) return __uint_as_float(__float_as_uint(a) & __float_as_uint(b));
+    return a > b ? a : b;
+}
+__device__ __forceinline__ float kiln_min(float a, float b) {
+    if (a != a || b != b) return a + b;
+    if (a == b) return __uint_as_float(__float_as_uint(a) | __float_as_uint(b));
+    return a < b ? a : b;
+}
 
 // Reductions across the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float kiln_warp_sum(float v) {
@@ -78,7 +85,7 @@ __device__ __forceinline__ float kiln_warp_sum(float v) {
 }
 __device__ __forceinline__ float kiln_warp_max(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = kiln_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 // Reductions across a whole block (blockDim.x a multiple of 32, at most 1024); `red` is a

@@ -112,6 +112,7 @@ pub enum BinaryOp {
     Min,
 }
 
+/// What each op computes is defined once, in `kiln_compiler::ops`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnaryOp {
     /// GELU with the exact erf form: x * 0.5 * (1 + erf(x / sqrt 2)).
@@ -124,6 +125,8 @@ pub enum UnaryOp {
     Rsqrt,
     Neg,
     Recip,
+    /// GELU with the tanh approximation (HF `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`).
+    GeluTanh,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

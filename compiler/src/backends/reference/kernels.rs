@@ -9,6 +9,8 @@ use half::{bf16, f16};
 use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
 use kiln_runtime::DType;
 
+use crate::ops;
+
 /// Row-major strides of `shape`.
 pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -83,35 +85,10 @@ impl<const N: usize> Walk<N> {
     }
 }
 
-/// `max` that propagates NaN (like `torch.maximum`), so a NaN upstream stays visible.
-fn max_nan(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-fn min_nan(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.min(b)
-    }
-}
-
 /// Elementwise binary op; `walk` operands are [out (contiguous), a, b]. `int` gives integer
 /// division (truncating toward zero) for integer tensors.
 pub fn binary(op: BinaryOp, int: bool, walk: &Walk<3>, out: &mut [f64], a: &[f64], b: &[f64]) {
-    match op {
-        BinaryOp::Add => binary_with(walk, out, a, b, |x, y| x + y),
-        BinaryOp::Sub => binary_with(walk, out, a, b, |x, y| x - y),
-        BinaryOp::Mul => binary_with(walk, out, a, b, |x, y| x * y),
-        BinaryOp::Div if int => binary_with(walk, out, a, b, |x, y| (x / y).trunc()),
-        BinaryOp::Div => binary_with(walk, out, a, b, |x, y| x / y),
-        BinaryOp::Max => binary_with(walk, out, a, b, max_nan),
-        BinaryOp::Min => binary_with(walk, out, a, b, min_nan),
-    }
+    binary_with(walk, out, a, b, |x, y| ops::eval::binary(op, int, x, y))
 }
 
 fn binary_with(walk: &Walk<3>, out: &mut [f64], a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) {
@@ -123,29 +100,9 @@ fn binary_with(walk: &Walk<3>, out: &mut [f64], a: &[f64], b: &[f64], f: impl Fn
     });
 }
 
-/// GELU, exact erf form.
-pub fn gelu(x: f64) -> f64 {
-    x * 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
-}
-
-pub fn unary_fn(op: UnaryOp) -> fn(f64) -> f64 {
-    match op {
-        UnaryOp::Gelu => gelu,
-        UnaryOp::Tanh => f64::tanh,
-        UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
-        UnaryOp::Silu => |x| x / (1.0 + (-x).exp()),
-        UnaryOp::Exp => f64::exp,
-        UnaryOp::Sqrt => f64::sqrt,
-        UnaryOp::Rsqrt => |x| 1.0 / x.sqrt(),
-        UnaryOp::Neg => |x| -x,
-        UnaryOp::Recip => |x| 1.0 / x,
-    }
-}
-
 pub fn unary(op: UnaryOp, out: &mut [f64], x: &[f64]) {
-    let f = unary_fn(op);
     for (y, &v) in out.iter_mut().zip(x) {
-        *y = f(v);
+        *y = ops::eval::unary(op, v);
     }
 }
 
@@ -246,7 +203,7 @@ pub fn reduce(op: ReduceOp, int: bool, walk: &Walk<2>, out: &mut [f64], x: &[f64
             let t = &mut out[io + i * so];
             *t = match op {
                 ReduceOp::Sum | ReduceOp::Mean => *t + v,
-                ReduceOp::Max => max_nan(*t, v),
+                ReduceOp::Max => ops::eval::binary(BinaryOp::Max, false, *t, v),
             };
         }
     });

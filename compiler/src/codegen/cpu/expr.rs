@@ -1,72 +1,100 @@
 //! Elementwise expression DAGs ([`Expr`]) as Cranelift IR on `f32` or `f32x4` values.
 //!
-//! Semantics follow the kernel IR (and `kernel_eval`): f32 arithmetic; `Max`/`Min` propagate
-//! NaN; `Relu` keeps NaN and maps negatives to 0; `Select` takes `a` when `cond != 0` (NaN
+//! Unary and binary ops come from their one definition in [`crate::ops`]: this file only says
+//! how each primitive is emitted ([`ClifPrims`]). `Select` takes `a` when `cond != 0` (NaN
 //! counts as non-zero); `Cast` rounds to the value set of its type.
 
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_runtime::graph::{BinaryOp, UnaryOp};
 
 use super::emit::Fx;
 use super::math;
 use crate::kernel_ir::{Expr, ExprNode};
+use crate::ops::{self, Prims};
 
 /// Emits `e` at width `w` (1 or 4). `load(k)` gives kernel input `k` at the current index
 /// (already loaded, so every read happens before the store); `acc` is the GEMM accumulator.
 pub(crate) fn emit_expr(fx: &mut Fx, e: &Expr, w: usize, loads: &[Option<Value>], acc: Option<Value>) -> Value {
     let mut vals: Vec<Value> = Vec::with_capacity(e.nodes.len());
+    let mut p = ClifPrims { fx, w };
     for n in &e.nodes {
         let v = match n {
             ExprNode::Load(k) => loads[*k].expect("every loaded input is pre-loaded"),
             ExprNode::Acc => acc.expect("acc only appears in GEMM epilogues"),
-            ExprNode::Const(c) => fx.fconst(*c, w),
-            ExprNode::Unary(op, a) => unary(fx, *op, vals[*a as usize], w),
-            ExprNode::Binary(op, a, b) => binary(fx, *op, vals[*a as usize], vals[*b as usize]),
+            ExprNode::Const(c) => p.fx.fconst(*c, w),
+            ExprNode::Unary(op, a) => ops::unary::apply(&mut p, *op, vals[*a as usize]),
+            ExprNode::Binary(op, a, b) => ops::binary::apply(&mut p, *op, false, vals[*a as usize], vals[*b as usize]),
             ExprNode::Select(c, a, b) => {
-                let zero = fx.fconst(0.0, w);
-                let m = fx.fcmp(FloatCC::NotEqual, vals[*c as usize], zero);
-                fx.sel(m, vals[*a as usize], vals[*b as usize])
+                let zero = p.fx.fconst(0.0, w);
+                let m = p.fx.fcmp(FloatCC::NotEqual, vals[*c as usize], zero);
+                p.fx.sel(m, vals[*a as usize], vals[*b as usize])
             }
-            ExprNode::Cast(t, a) => fx.round_to(*t, vals[*a as usize]),
+            ExprNode::Cast(t, a) => p.fx.round_to(*t, vals[*a as usize]),
         };
         vals.push(v);
     }
     *vals.last().expect("non-empty expression")
 }
 
-pub(crate) fn unary(fx: &mut Fx, op: UnaryOp, x: Value, w: usize) -> Value {
-    match op {
-        UnaryOp::Gelu => math::gelu(fx, x),
-        UnaryOp::Tanh => math::tanh(fx, x),
-        UnaryOp::Relu => {
-            let zero = fx.fconst(0.0, w);
-            let neg = fx.fcmp(FloatCC::LessThan, x, zero);
-            fx.sel(neg, zero, x)
-        }
-        UnaryOp::Silu => math::silu(fx, x),
-        UnaryOp::Exp => math::exp(fx, x),
-        UnaryOp::Sqrt => fx.b.ins().sqrt(x),
-        UnaryOp::Rsqrt => {
-            let s = fx.b.ins().sqrt(x);
-            let one = fx.fconst(1.0, w);
-            fx.b.ins().fdiv(one, s)
-        }
-        UnaryOp::Neg => fx.b.ins().fneg(x),
-        UnaryOp::Recip => {
-            let one = fx.fconst(1.0, w);
-            fx.b.ins().fdiv(one, x)
-        }
-    }
+/// The primitives as Cranelift IR at width `w` (1: `f32`, 4: `f32x4`); masks are `fcmp` results.
+pub(crate) struct ClifPrims<'f, 'a, 'p> {
+    pub fx: &'f mut Fx<'a, 'p>,
+    pub w: usize,
 }
 
-pub(crate) fn binary(fx: &mut Fx, op: BinaryOp, a: Value, b: Value) -> Value {
-    match op {
-        BinaryOp::Add => fx.b.ins().fadd(a, b),
-        BinaryOp::Sub => fx.b.ins().fsub(a, b),
-        BinaryOp::Mul => fx.b.ins().fmul(a, b),
-        BinaryOp::Div => fx.b.ins().fdiv(a, b),
-        BinaryOp::Max => fx.b.ins().fmax(a, b),
-        BinaryOp::Min => fx.b.ins().fmin(a, b),
+impl Prims for ClifPrims<'_, '_, '_> {
+    type V = Value;
+    type M = Value;
+    fn c(&mut self, v: f64) -> Value {
+        self.fx.fconst(v as f32, self.w)
+    }
+    fn add(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fadd(a, b)
+    }
+    fn sub(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fsub(a, b)
+    }
+    fn mul(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fmul(a, b)
+    }
+    fn div(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fdiv(a, b)
+    }
+    fn fma(&mut self, a: Value, b: Value, c: Value) -> Value {
+        self.fx.fma(a, b, c)
+    }
+    fn neg(&mut self, a: Value) -> Value {
+        self.fx.b.ins().fneg(a)
+    }
+    fn sqrt(&mut self, a: Value) -> Value {
+        self.fx.b.ins().sqrt(a)
+    }
+    // Cranelift's fmax/fmin propagate NaN and order -0 < +0: the contract as it is.
+    fn max(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fmax(a, b)
+    }
+    fn min(&mut self, a: Value, b: Value) -> Value {
+        self.fx.b.ins().fmin(a, b)
+    }
+    fn trunc(&mut self, a: Value) -> Value {
+        self.fx.b.ins().trunc(a)
+    }
+    fn exp(&mut self, a: Value) -> Value {
+        math::exp(self.fx, a)
+    }
+    fn erf(&mut self, a: Value) -> Value {
+        math::erf(self.fx, a)
+    }
+    fn tanh(&mut self, a: Value) -> Value {
+        math::tanh(self.fx, a)
+    }
+    fn lt(&mut self, a: Value, b: Value) -> Value {
+        self.fx.fcmp(FloatCC::LessThan, a, b)
+    }
+    fn ne(&mut self, a: Value, b: Value) -> Value {
+        self.fx.fcmp(FloatCC::NotEqual, a, b)
+    }
+    fn select(&mut self, m: Value, a: Value, b: Value) -> Value {
+        self.fx.sel(m, a, b)
     }
 }

@@ -64,6 +64,7 @@ fn activation(op: UnaryOp) -> Option<u32> {
     Some(match op {
         UnaryOp::Relu => Activation::Relu,
         UnaryOp::Gelu => Activation::GeluErf,
+        UnaryOp::GeluTanh => Activation::GeluTanh,
         UnaryOp::Tanh => Activation::Tanh,
         UnaryOp::Silu => Activation::Silu,
         _ => return None,

@@ -8,7 +8,7 @@
 //!   results down to the subnormal range are right. `x > 88.72` → +inf, `x < -104` → 0.
 //! - `erf`: `x·N(x²)/D(x²)` (degree 13/10) on [-4, 4], clamped to ±1.
 //! - `tanh`: `x·N(x²)/D(x²)` (degree 11/10) on [-9, 9], clamped to ±1.
-//! - `gelu(x) = x/2·(1 + erf(x/√2))`, `silu(x) = x/(1 + exp(-x))`.
+//! - GELU, SiLU and the other ops built on these are formulas in `crate::ops`.
 //!
 //! NaN in gives NaN out; beyond the clamps results are exactly inf/0/±1. Maximum errors
 //! against f64 on dense sweeps (asserted in `compiler/tests/cpu_math.rs`): exp 8.0e-8 relative
@@ -142,25 +142,4 @@ pub(crate) fn erf(fx: &mut Fx, x: Value) -> Value {
 /// tanh(x).
 pub(crate) fn tanh(fx: &mut Fx, x: Value) -> Value {
     odd_rational(fx, x, TANH_CLAMP, &TANH_N, &TANH_D)
-}
-
-/// x/2·(1 + erf(x/√2)).
-pub(crate) fn gelu(fx: &mut Fx, x: Value) -> Value {
-    let w = width(fx, x);
-    let k = fx.fconst(std::f32::consts::FRAC_1_SQRT_2, w);
-    let u = fx.b.ins().fmul(x, k);
-    let e = erf(fx, u);
-    let half = fx.fconst(0.5, w);
-    let hx = fx.b.ins().fmul(x, half);
-    fx.fma(hx, e, hx)
-}
-
-/// x / (1 + e^-x).
-pub(crate) fn silu(fx: &mut Fx, x: Value) -> Value {
-    let w = width(fx, x);
-    let nx = fx.b.ins().fneg(x);
-    let e = exp(fx, nx);
-    let one = fx.fconst(1.0, w);
-    let d = fx.b.ins().fadd(one, e);
-    fx.b.ins().fdiv(x, d)
 }

@@ -14,10 +14,12 @@
 
 use std::fmt::Write;
 
-use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
+use kiln_runtime::graph::ReduceOp;
 use kiln_runtime::{DType, Error, Result};
 
+use super::expr::CudaPrims;
 use super::template::{self, specialize};
+use crate::ops;
 use crate::kernel_ir::{Buffer, BufferId, BufferKind, Expr, ExprNode, Kernel, KernelOp, KernelProgram, NormKind, TensorRef, WeightLayout};
 
 /// Where a buffer's bytes live on the device.
@@ -501,29 +503,18 @@ fn expr_code(
             ExprNode::Acc => acc.ok_or_else(|| Error::Backend("`acc` outside a GEMM epilogue".into()))?.to_string(),
             ExprNode::Const(c) => f32_lit(*c),
             ExprNode::Unary(op, a) => {
-                let a = v(*a);
-                match op {
-                    UnaryOp::Gelu => format!("kiln_gelu({a})"),
-                    UnaryOp::Tanh => format!("tanhf({a})"),
-                    UnaryOp::Relu => format!("kiln_relu({a})"),
-                    UnaryOp::Silu => format!("kiln_silu({a})"),
-                    UnaryOp::Exp => format!("expf({a})"),
-                    UnaryOp::Sqrt => format!("sqrtf({a})"),
-                    UnaryOp::Rsqrt => format!("kiln_rsqrt({a})"),
-                    UnaryOp::Neg => format!("-{a}"),
-                    UnaryOp::Recip => format!("1.0f / {a}"),
-                }
+                let mut p = CudaPrims::new(format!("{prefix}{i}_"));
+                let x = p.input(v(*a));
+                let y = ops::unary::apply(&mut p, *op, x);
+                p.finish(y, &v(i as u32), &mut code, indent);
+                continue;
             }
             ExprNode::Binary(op, a, b) => {
-                let (a, b) = (v(*a), v(*b));
-                match op {
-                    BinaryOp::Add => format!("{a} + {b}"),
-                    BinaryOp::Sub => format!("{a} - {b}"),
-                    BinaryOp::Mul => format!("{a} * {b}"),
-                    BinaryOp::Div => format!("{a} / {b}"),
-                    BinaryOp::Max => format!("fmaxf({a}, {b})"),
-                    BinaryOp::Min => format!("fminf({a}, {b})"),
-                }
+                let mut p = CudaPrims::new(format!("{prefix}{i}_"));
+                let (a, b) = (p.input(v(*a)), p.input(v(*b)));
+                let y = ops::binary::apply(&mut p, *op, false, a, b);
+                p.finish(y, &v(i as u32), &mut code, indent);
+                continue;
             }
             ExprNode::Select(c, a, b) => format!("{} != 0.0f ? {} : {}", v(*c), v(*a), v(*b)),
             ExprNode::Cast(dt, a) => {
@@ -841,7 +832,7 @@ fn emit_row(ctx: &Ctx, kind: RowKind, prologue: &Expr) -> Result<Body> {
         }
         RowKind::Softmax => {
             let mut math = String::new();
-            let _ = writeln!(math, "    float m = -KILN_INF;\n#pragma unroll\n    for (int u = 0; u < {per}; ++u) m = fmaxf(m, x[u]);");
+            let _ = writeln!(math, "    float m = -KILN_INF;\n#pragma unroll\n    for (int u = 0; u < {per}; ++u) m = kiln_max(m, x[u]);");
             let _ = writeln!(math, "    m = {};", red(max, "m"));
             let _ = write!(math, "    float s = 0.0f;\n{}", loop_valid("x[u] = expf(x[u] - m); s += x[u];"));
             let _ = writeln!(math, "    s = {};", red(sum, "s"));
@@ -905,7 +896,7 @@ fn emit_reduce(ctx: &Ctx, op: ReduceOp, shape: &[usize], reduced: usize, prologu
     let (pcode, proot) = expr_code(prologue, "e", "        ", &mut load, None)?;
     let (init, combine, warp) = match op {
         ReduceOp::Sum | ReduceOp::Mean => ("0.0f", format!("acc + {proot}"), "kiln_warp_sum"),
-        ReduceOp::Max => ("-KILN_INF", format!("fmaxf(acc, {proot})"), "kiln_warp_max"),
+        ReduceOp::Max => ("-KILN_INF", format!("kiln_max(acc, {proot})"), "kiln_warp_max"),
     };
     let finish = match op {
         ReduceOp::Mean => format!("acc / {}", f32_lit(inner as f32)),

@@ -17,6 +17,7 @@
 
 pub mod emit;
 pub mod emu;
+mod expr;
 pub mod nvrtc;
 pub mod template;
 

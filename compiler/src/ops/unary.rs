@@ -1,0 +1,100 @@
+//! The unary elementwise ops: each one's formula over [`Prims`], the one place that says what it
+//! computes.
+
+use kiln_runtime::graph::UnaryOp;
+
+use super::Prims;
+
+/// Every unary op, for tests and random graphs.
+pub const ALL: [UnaryOp; 10] = [
+    UnaryOp::Gelu,
+    UnaryOp::Tanh,
+    UnaryOp::Relu,
+    UnaryOp::Silu,
+    UnaryOp::Exp,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Neg,
+    UnaryOp::Recip,
+    UnaryOp::GeluTanh,
+];
+
+/// The inputs on which random tests exercise an op with finite, well-conditioned results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// Any finite input.
+    Any,
+    /// Inputs bounded to [-1, 1] (the result grows fast).
+    Bounded,
+    /// Inputs bounded away from zero, positive.
+    Positive,
+}
+
+pub fn domain(op: UnaryOp) -> Domain {
+    match op {
+        UnaryOp::Exp => Domain::Bounded,
+        UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => Domain::Positive,
+        _ => Domain::Any,
+    }
+}
+
+/// `op(x)`.
+pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
+    match op {
+        // x/2 · (1 + erf(x/√2)), in that order (as PyTorch writes it): where erf rounds to -1
+        // the result is x/2 · +0 = -0, the sign of the true (tiny, negative) value, where
+        // `x/2 + x/2·erf` would give +0.
+        UnaryOp::Gelu => {
+            let k = p.c(std::f64::consts::FRAC_1_SQRT_2);
+            let u = p.mul(x, k);
+            let e = p.erf(u);
+            let half = p.c(0.5);
+            let hx = p.mul(x, half);
+            let one = p.c(1.0);
+            let s = p.add(one, e);
+            p.mul(hx, s)
+        }
+        // x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³))): HF `gelu_new`, `gelu_pytorch_tanh`.
+        UnaryOp::GeluTanh => {
+            let x2 = p.mul(x, x);
+            let x3 = p.mul(x2, x);
+            let a = p.c(0.044715);
+            let t = p.fma(a, x3, x);
+            let k = p.c((2.0 / std::f64::consts::PI).sqrt());
+            let u = p.mul(k, t);
+            let th = p.tanh(u);
+            let half = p.c(0.5);
+            let hx = p.mul(x, half);
+            let one = p.c(1.0);
+            let s = p.add(one, th);
+            p.mul(hx, s)
+        }
+        UnaryOp::Tanh => p.tanh(x),
+        // NaN < 0 is false: NaN stays NaN.
+        UnaryOp::Relu => {
+            let zero = p.c(0.0);
+            let neg = p.lt(x, zero);
+            p.select(neg, zero, x)
+        }
+        // x / (1 + e^-x).
+        UnaryOp::Silu => {
+            let nx = p.neg(x);
+            let e = p.exp(nx);
+            let one = p.c(1.0);
+            let d = p.add(one, e);
+            p.div(x, d)
+        }
+        UnaryOp::Exp => p.exp(x),
+        UnaryOp::Sqrt => p.sqrt(x),
+        UnaryOp::Rsqrt => {
+            let s = p.sqrt(x);
+            let one = p.c(1.0);
+            p.div(one, s)
+        }
+        UnaryOp::Neg => p.neg(x),
+        UnaryOp::Recip => {
+            let one = p.c(1.0);
+            p.div(one, x)
+        }
+    }
+}
