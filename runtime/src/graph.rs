@@ -127,6 +127,8 @@ pub enum UnaryOp {
     Recip,
     /// GELU with the tanh approximation (HF `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`).
     GeluTanh,
+    /// The logistic function 1 / (1 + e^-x).
+    Sigmoid,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use kiln_runtime::graph::UnaryOp;
 use super::Prims;
 
 /// Every unary op, for tests and random graphs.
-pub const ALL: [UnaryOp; 10] = [
+pub const ALL: [UnaryOp; 11] = [
     UnaryOp::Gelu,
     UnaryOp::Tanh,
     UnaryOp::Relu,
@@ -17,6 +17,7 @@ pub const ALL: [UnaryOp; 10] = [
     UnaryOp::Neg,
     UnaryOp::Recip,
     UnaryOp::GeluTanh,
+    UnaryOp::Sigmoid,
 ];
 
 /// The inputs on which random tests exercise an op with finite, well-conditioned results.
@@ -83,6 +84,14 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let one = p.c(1.0);
             let d = p.add(one, e);
             p.div(x, d)
+        }
+        // 1 / (1 + e^-x): 0 at -inf (1/inf), 1 at +inf.
+        UnaryOp::Sigmoid => {
+            let nx = p.neg(x);
+            let e = p.exp(nx);
+            let one = p.c(1.0);
+            let d = p.add(one, e);
+            p.div(one, d)
         }
         UnaryOp::Exp => p.exp(x),
         UnaryOp::Sqrt => p.sqrt(x),
