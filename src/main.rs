@@ -133,6 +133,7 @@ fn run(cli: Cli) -> Result<()> {
                 (None, BackendKind::Cuda) => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
                 (None, BackendKind::Cpu) => embed_with(kiln_compiler::backends::cpu::CpuBackend::new()?, &m, &texts)?,
             };
+            check_finite(&m, &texts, &embeddings)?;
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
@@ -468,6 +469,21 @@ fn embed_with<B: Backend>(backend: B, m: &SentenceModel, texts: &[&str]) -> Resu
     let weights = m.load_weights()?;
     let engine = Engine::new(backend, m.graph.clone(), &weights, &[bucket_for(&seqs)], LowerPolicy::Jit)?;
     embed_ids(&engine, &seqs)
+}
+
+/// A NaN or infinite embedding is an error naming the text (exit status 1, nothing printed):
+/// a NaN or inf in the weights, or an overflow in the model, must not pass as a vector.
+fn check_finite(m: &SentenceModel, texts: &[&str], emb: &[Vec<f32>]) -> Result<()> {
+    for (i, (t, e)) in texts.iter().zip(emb).enumerate() {
+        let bad = e.iter().filter(|x| !x.is_finite()).count();
+        if bad > 0 {
+            return Err(Error::Model {
+                path: m.dir.clone(),
+                message: format!("the embedding of text {i} ({t:?}) is not finite ({bad} of {} values NaN or inf)", e.len()),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn print_embeddings(texts: &[&str], emb: &[Vec<f32>], json: bool) {

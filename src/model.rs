@@ -28,6 +28,12 @@ impl SentenceModel {
             path: dir.join("model.safetensors"),
             message: "no `embeddings.word_embeddings.weight` tensor: not a BERT checkpoint".into(),
         })?;
+        config
+            .check_checkpoint(prefix, meta.tensors.iter().map(|t| (t.name.as_str(), t.shape.as_slice())))
+            .map_err(|m| Error::Model {
+                path: dir.join("config.json"),
+                message: format!("does not match model.safetensors: {m}"),
+            })?;
         let graph = build_bert(&config, prefix, outputs)?;
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)

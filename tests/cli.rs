@@ -167,3 +167,12 @@ fn embed_with_a_gpu_plan_without_a_driver_is_a_one_line_error() {
     embed_gpu_plan_without_driver(plan.to_str().unwrap(), dir.to_str().unwrap());
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn thread_counts_are_validated() {
+    let Some(dir) = model_dir() else { return };
+    for n in ["0", "100000", "18446744073709551615"] {
+        let (ok, _, err) = kiln(&["bench", "--model", dir.to_str().unwrap(), "--bucket", "1x8", "--runs", "1", "--threads", n]);
+        assert!(!ok && err.trim().lines().count() == 1 && err.contains(&format!("{n} threads: the thread count must be between 1 and 4096")), "{n}: {err}");
+    }
+}

@@ -35,7 +35,7 @@ fn minilm_precompiled_cpu_matches_golden() {
     let weights = m.load_weights().unwrap();
     let artifact = CpuBackend::new().unwrap().build_artifact(&m.graph, &buckets(&g)).unwrap();
     let artifact = Artifact::from_bytes(&artifact.to_bytes()).unwrap();
-    check_backend(PrecompiledCpu::with_threads(artifact, Threads::Count(2)), &m, &weights, &g);
+    check_backend(PrecompiledCpu::with_threads(artifact, Threads::Count(2)).unwrap(), &m, &weights, &g);
 }
 
 /// Lowering one MiniLM bucket (middle-end + Cranelift for every kernel + load) stays under

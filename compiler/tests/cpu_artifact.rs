@@ -27,7 +27,7 @@ fn precompiled_plans_run_like_jit_plans() {
     let jit = CpuBackend::single_threaded().unwrap();
     let artifact = jit.build_artifact(&g, &buckets).unwrap();
     let bytes = artifact.to_bytes();
-    let pre = PrecompiledCpu::with_threads(Artifact::from_bytes(&bytes).unwrap(), Threads::Single);
+    let pre = PrecompiledCpu::with_threads(Artifact::from_bytes(&bytes).unwrap(), Threads::Single).unwrap();
     assert!(!pre.caps().can_lower);
     let wj = jit.upload(&weights, &g).unwrap();
     let wp = pre.upload(&weights, &g).unwrap();

@@ -93,7 +93,7 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             spin,
         });
-        let mut workers = Vec::with_capacity(threads - 1);
+        let mut workers = Vec::new();
         for w in 1..threads {
             let sh = Arc::clone(&shared);
             let spawned = std::thread::Builder::new()

@@ -358,3 +358,20 @@ fn softmax_rows_matches_reference() {
         }
     }
 }
+
+/// NaN anywhere in a row makes the row NaN, also when the max (`maxps`, which skips NaN) finds
+/// only -inf besides it; an -inf score gets an exact 0 weight (a value of ±inf times it must
+/// give NaN, not ±inf).
+#[test]
+fn softmax_rows_special_values() {
+    let (n, i, nan) = (f32::NEG_INFINITY, f32::INFINITY, f32::NAN);
+    let rows: [&[f32]; 5] = [&[nan, n, n], &[n, nan, n, n, n, n, n, n, n, n], &[1.0, nan, 2.0], &[i, 1.0, 0.0], &[0.0, n, 1.0]];
+    for (k, row) in rows.iter().enumerate() {
+        let mut x = row.to_vec();
+        math::softmax_rows(&mut x, 1, row.len(), row.len()).unwrap();
+        match k {
+            0..=3 => assert!(x.iter().all(|v| v.is_nan()), "row {k}: {x:?}"),
+            _ => assert!(x[1].to_bits() == 0 && x[0] > 0.0 && x[2] > x[0], "row {k}: {x:?}"),
+        }
+    }
+}

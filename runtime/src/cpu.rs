@@ -27,7 +27,7 @@ use crate::dtype::{DType, HostTensor, TensorData};
 use crate::error::{Error, Result};
 use crate::graph::Bucket;
 
-pub use backend::{cpu_caps, cpu_device, CpuContext, CpuPlan, PrecompiledCpu, Threads};
+pub use backend::{cpu_caps, cpu_device, CpuContext, CpuPlan, PrecompiledCpu, Threads, MAX_THREADS};
 pub use weights::{CpuWeights, WeightPrep, WeightSlot};
 
 /// Where a graph input or output lives in the arena.

@@ -167,7 +167,7 @@ fn plans_of_the_wrong_kind_are_rejected() {
 #[test]
 fn precompiled_cpu_refuses_a_cuda_artifact() {
     let (a, _, _) = verified();
-    let be = PrecompiledCpu::with_threads(a, Threads::Single);
+    let be = PrecompiledCpu::with_threads(a, Threads::Single).unwrap();
     let w = HostTensor::f32(vec![4], vec![1.0; 4]).unwrap();
     let m = artifact_message(be.upload(&[w], &graph(4)).unwrap_err());
     assert!(m.contains("cuda sm_90") && m.contains("PrecompiledCuda"), "{m}");

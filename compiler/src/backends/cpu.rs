@@ -70,7 +70,7 @@ impl CpuBackend {
     }
     pub fn with_options(opts: CpuOptions) -> Result<Self> {
         let isa = build_isa(&opts.target)?;
-        Ok(CpuBackend { ctx: CpuContext::new(opts.threads), isa, opts })
+        Ok(CpuBackend { ctx: CpuContext::new(opts.threads)?, isa, opts })
     }
     pub fn threads(&self) -> usize {
         self.ctx.threads()

@@ -11,6 +11,9 @@ pub struct GraphBuilder {
     g: Graph,
     scope: Vec<String>,
     counter: usize,
+    /// Weight name → its weight-table index and node: `weight` is O(1), so a graph with N
+    /// weights builds in O(N) (a linear search made a 10,000-layer config hang).
+    weights: std::collections::HashMap<String, (usize, ValueId)>,
 }
 
 impl GraphBuilder {
@@ -59,23 +62,20 @@ impl GraphBuilder {
     /// A checkpoint tensor; the same name twice gives the same weight-table entry.
     pub fn weight(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<ValueId> {
         let spec = WeightSpec { name: name.into(), dtype, shape: shape.to_vec() };
-        let index = match self.g.weights.iter().position(|w| w.name == name) {
-            Some(i) if self.g.weights[i] == spec => i,
-            Some(i) => {
+        if let Some(&(i, v)) = self.weights.get(name) {
+            if self.g.weights[i] != spec {
                 return Err(Error::graph(
                     name,
                     format!("weight declared twice with different types: {:?} vs {:?}", self.g.weights[i], spec),
-                ))
+                ));
             }
-            None => {
-                self.g.weights.push(spec);
-                self.g.weights.len() - 1
-            }
-        };
-        if let Some(v) = self.g.nodes.iter().position(|n| n.op == Op::Weight { index }) {
-            return Ok(ValueId(v as u32));
+            return Ok(v);
         }
-        self.g.push(name.to_string(), Op::Weight { index }, vec![])
+        self.g.weights.push(spec);
+        let index = self.g.weights.len() - 1;
+        let v = self.g.push(name.to_string(), Op::Weight { index }, vec![])?;
+        self.weights.insert(name.to_string(), (index, v));
+        Ok(v)
     }
 
     /// An f32 scalar constant (broadcasts against anything).

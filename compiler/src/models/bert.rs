@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kiln_runtime::graph::{Dim, Graph, InputRole, ValueId};
+use kiln_runtime::graph::{Dim, Graph, InputRole, UnaryOp, ValueId};
 use kiln_runtime::{DType, Error, Result};
 use serde::Deserialize;
 
@@ -27,7 +27,28 @@ pub struct BertConfig {
     pub hidden_act: String,
     #[serde(default = "default_pos")]
     pub position_embedding_type: String,
+    /// `bert` (or absent, as in old configs); anything else is another architecture.
+    #[serde(default)]
+    pub model_type: Option<String>,
 }
+
+/// Hugging Face's `hidden_act` names (`transformers.activations.ACT2FN`) and kiln's op for each.
+/// `gelu_fast` is `gelu_new` written differently: the same function.
+const ACTIVATIONS: [(&str, UnaryOp); 9] = [
+    ("gelu", UnaryOp::Gelu),
+    ("gelu_python", UnaryOp::Gelu),
+    ("gelu_new", UnaryOp::GeluTanh),
+    ("gelu_pytorch_tanh", UnaryOp::GeluTanh),
+    ("gelu_fast", UnaryOp::GeluTanh),
+    ("relu", UnaryOp::Relu),
+    ("silu", UnaryOp::Silu),
+    ("swish", UnaryOp::Silu),
+    ("tanh", UnaryOp::Tanh),
+];
+
+/// Parameters beyond which a config is refused before any graph is built (2⁴⁰ f32 is 4 TiB):
+/// a typo such as `num_hidden_layers: 1e9` fails at once instead of building for hours.
+const MAX_PARAMETERS: u128 = 1 << 40;
 
 fn default_type_vocab() -> usize {
     2
@@ -53,19 +74,90 @@ impl BertConfig {
     }
 
     fn check(&self) -> std::result::Result<(), String> {
+        if let Some(t) = self.model_type.as_deref().filter(|t| *t != "bert") {
+            return Err(format!("model_type `{t}` is not a BERT encoder (bert)"));
+        }
         if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        if !matches!(self.hidden_act.as_str(), "gelu" | "gelu_python" | "gelu_new" | "relu") {
-            return Err(format!("hidden_act `{}` is not supported (gelu, relu)", self.hidden_act));
+        self.activation()?;
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
+            return Err(format!("layer_norm_eps {} is not a positive number", self.layer_norm_eps));
         }
         if self.position_embedding_type != "absolute" {
             return Err(format!(
                 "position_embedding_type `{}` is not supported (absolute)",
                 self.position_embedding_type
+            ));
+        }
+        match self.parameters() {
+            Some(n) if n <= MAX_PARAMETERS => Ok(()),
+            _ => Err(format!(
+                "{} layers of hidden_size {} and intermediate_size {} exceed {MAX_PARAMETERS} parameters",
+                self.num_hidden_layers, self.hidden_size, self.intermediate_size
+            )),
+        }
+    }
+
+    /// The op of `hidden_act`.
+    pub fn activation(&self) -> std::result::Result<UnaryOp, String> {
+        ACTIVATIONS.iter().find(|(name, _)| *name == self.hidden_act).map(|(_, op)| *op).ok_or_else(|| {
+            let known: Vec<&str> = ACTIVATIONS.iter().map(|(n, _)| *n).collect();
+            format!("hidden_act `{}` is not supported ({})", self.hidden_act, known.join(", "))
+        })
+    }
+
+    /// The number of parameters the config describes (None on overflow).
+    pub fn parameters(&self) -> Option<u128> {
+        let (h, f) = (self.hidden_size as u128, self.intermediate_size as u128);
+        let emb = (self.vocab_size as u128 + self.max_position_embeddings as u128 + self.type_vocab_size as u128 + 2)
+            .checked_mul(h)?;
+        // Q, K, V, O (h×h + h each), FFN in and out, two LayerNorms.
+        let layer = (4 * h).checked_mul(h + 1)?.checked_add(f.checked_mul(2 * h + 1)?.checked_add(5 * h)?)?;
+        emb.checked_add(layer.checked_mul(self.num_hidden_layers as u128)?)
+    }
+
+    /// Checks the config against a checkpoint's tensors (name and shape) before a graph is built:
+    /// the embedding tables, the first layer's FFN and the number of layers must match.
+    pub fn check_checkpoint<'a>(
+        &self,
+        prefix: &str,
+        tensors: impl IntoIterator<Item = (&'a str, &'a [usize])>,
+    ) -> std::result::Result<(), String> {
+        let h = self.hidden_size;
+        let want: [(String, [usize; 2]); 4] = [
+            (format!("{prefix}embeddings.word_embeddings.weight"), [self.vocab_size, h]),
+            (format!("{prefix}embeddings.position_embeddings.weight"), [self.max_position_embeddings, h]),
+            (format!("{prefix}embeddings.token_type_embeddings.weight"), [self.type_vocab_size, h]),
+            (format!("{prefix}encoder.layer.0.intermediate.dense.weight"), [self.intermediate_size, h]),
+        ];
+        let mut layers = std::collections::BTreeSet::new();
+        let mut seen = [false; 4];
+        let layer_prefix = format!("{prefix}encoder.layer.");
+        for (name, shape) in tensors {
+            if let Some(i) = want.iter().position(|(n, _)| n == name) {
+                if shape != want[i].1 {
+                    return Err(format!("tensor `{name}` has shape {shape:?}, the config says {:?}", want[i].1));
+                }
+                seen[i] = true;
+            }
+            if let Some(l) = name.strip_prefix(&layer_prefix).and_then(|r| r.split('.').next()).and_then(|l| l.parse::<usize>().ok()) {
+                layers.insert(l);
+            }
+        }
+        if let Some(i) = seen.iter().position(|s| !s) {
+            if !(i == 3 && self.num_hidden_layers == 0) {
+                return Err(format!("the checkpoint has no tensor `{}`", want[i].0));
+            }
+        }
+        if layers.len() != self.num_hidden_layers || layers.last().is_some_and(|&l| l + 1 != layers.len()) {
+            return Err(format!(
+                "num_hidden_layers is {}, the checkpoint has {} layers (encoder.layer.N)",
+                self.num_hidden_layers,
+                layers.len()
             ));
         }
         Ok(())
@@ -84,6 +176,7 @@ impl BertConfig {
             layer_norm_eps: 1e-12,
             hidden_act: "gelu".into(),
             position_embedding_type: "absolute".into(),
+            model_type: Some("bert".into()),
         }
     }
 
@@ -100,6 +193,7 @@ impl BertConfig {
             layer_norm_eps: 1e-12,
             hidden_act: "gelu".into(),
             position_embedding_type: "absolute".into(),
+            model_type: Some("bert".into()),
         }
     }
 }
@@ -126,6 +220,7 @@ pub const MASK_VALUE: f32 = -10000.0;
 /// sentence-transformers checkpoints, `"bert."` for `BertModel` ones saved inside a task model).
 pub fn build_bert(cfg: &BertConfig, prefix: &str, outputs: BertOutputs) -> Result<Graph> {
     cfg.check().map_err(|m| Error::graph("<bert config>", m))?;
+    let act = cfg.activation().map_err(|m| Error::graph("<bert config>", m))?;
     let (h, heads, ffn) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size);
     let head_dim = h / heads;
     let eps = cfg.layer_norm_eps as f32;
@@ -195,7 +290,7 @@ pub fn build_bert(cfg: &BertConfig, prefix: &str, outputs: BertOutputs) -> Resul
             let b1 = w(g, &format!("{p}attention.output.LayerNorm.bias"), &[h])?;
             let x1 = g.layer_norm(r, g1, b1, eps)?;
             let f = lin(g, x1, "intermediate.dense", ffn, h)?;
-            let f = if cfg.hidden_act == "relu" { g.relu(f)? } else { g.gelu(f)? };
+            let f = g.unary(act, f)?;
             let o2 = lin(g, f, "output.dense", h, ffn)?;
             let r2 = g.add(o2, x1)?;
             let g2 = w(g, &format!("{p}output.LayerNorm.weight"), &[h])?;

@@ -26,12 +26,20 @@ pub enum Threads {
     Auto,
 }
 
+/// The most threads a pool may have: a larger count is a typo, not a machine (and would try to
+/// spawn that many threads).
+pub const MAX_THREADS: usize = 4096;
+
 impl Threads {
-    pub fn resolve(self) -> usize {
+    /// The thread count; `Count(n)` must be in `1..=MAX_THREADS`.
+    pub fn resolve(self) -> Result<usize> {
         match self {
-            Threads::Single => 1,
-            Threads::Count(n) => n.max(1),
-            Threads::Auto => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            Threads::Single => Ok(1),
+            Threads::Count(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+            Threads::Count(n) => {
+                Err(Error::Unsupported(format!("{n} threads: the thread count must be between 1 and {MAX_THREADS}")))
+            }
+            Threads::Auto => Ok(std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS)),
         }
     }
 }
@@ -52,12 +60,12 @@ impl std::fmt::Debug for CpuContext {
 }
 
 impl CpuContext {
-    pub fn new(threads: Threads) -> Arc<Self> {
-        let pool = Box::new(ThreadPool::new(threads.resolve()));
+    pub fn new(threads: Threads) -> Result<Arc<Self>> {
+        let pool = Box::new(ThreadPool::new(threads.resolve()?));
         let threads = pool.threads();
         // The pool lives in a Box that the context keeps, so the table's pointer stays valid.
         let table = Box::new(KernelTable::new(if threads > 1 { Some(&*pool) } else { None }));
-        Arc::new(CpuContext { table, pool, threads })
+        Ok(Arc::new(CpuContext { table, pool, threads }))
     }
     /// Threads the pool actually runs (spawning can give fewer than asked).
     pub fn threads(&self) -> usize {
@@ -171,10 +179,12 @@ impl std::fmt::Debug for PrecompiledCpu {
 impl PrecompiledCpu {
     /// A backend over `artifact`'s plans, on all available threads.
     pub fn new(artifact: Artifact) -> Self {
-        Self::with_threads(artifact, Threads::Auto)
+        let ctx = CpuContext::new(Threads::Auto).expect("Threads::Auto is within MAX_THREADS");
+        PrecompiledCpu { artifact, ctx }
     }
-    pub fn with_threads(artifact: Artifact, threads: Threads) -> Self {
-        PrecompiledCpu { artifact, ctx: CpuContext::new(threads) }
+    /// On `threads` threads; a count outside `1..=MAX_THREADS` is an error.
+    pub fn with_threads(artifact: Artifact, threads: Threads) -> Result<Self> {
+        Ok(PrecompiledCpu { artifact, ctx: CpuContext::new(threads)? })
     }
     pub fn artifact(&self) -> &Artifact {
         &self.artifact
