@@ -51,7 +51,7 @@ fn minilm(c: &mut Criterion) {
     fwd.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for b in buckets() {
         let flops = compile_report(&m.graph, b).expect("report").matmul_flops;
-        fwd.throughput(Throughput::Elements(flops));
+        fwd.throughput(Throughput::Elements(u64::try_from(flops).expect("MiniLM flops fit in u64")));
         let mut plan = be.lower(&w, &m.graph, b).expect("lower");
         let batch = Batch::from_token_ids(&m.graph, &bench_token_ids(b)).expect("batch");
         let mut out = Outputs::for_bucket(&m.graph, b);

@@ -76,6 +76,10 @@ enum Cmd {
         /// machine's every feature) or `cuda:sm_XY` (PTX/cubin via NVRTC; no GPU needed).
         #[arg(long, default_value = "cpu")]
         target: String,
+        /// Refuse a bucket whose arena needs more bytes than this (default: this machine's
+        /// memory, from /proc/meminfo).
+        #[arg(long)]
+        max_arena_bytes: Option<u64>,
     },
     /// Time one forward pass per bucket after warm-up (full-length sequences): prints the
     /// lowering time and `median N ms`.
@@ -137,7 +141,11 @@ fn run(cli: Cli) -> Result<()> {
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
-        Cmd::Compile { model, bucket, report, dump_after, output, target } => {
+        Cmd::Compile { model, bucket, report, dump_after, output, target, max_arena_bytes } => {
+            let arena_limit = match max_arena_bytes {
+                Some(n) => (n, "--max-arena-bytes"),
+                None => (machine_memory_bytes().unwrap_or(u64::MAX), "this machine's memory; --max-arena-bytes changes the limit"),
+            };
             let dir = resolve_model(model)?;
             let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
@@ -151,6 +159,13 @@ fn run(cli: Cli) -> Result<()> {
                 let t = std::time::Instant::now();
                 let lowered = pipeline::run_pipeline(&m.graph, b)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
+                let arena = lowered.plan.arena_bytes as u64;
+                if arena > arena_limit.0 {
+                    return Err(Error::Unsupported(format!(
+                        "bucket {b}: the arena needs {arena} bytes, more than {} ({})",
+                        arena_limit.0, arena_limit.1
+                    )));
+                }
                 if report {
                     println!("{}", pipeline::report_of(&m.graph, &lowered).to_string().trim_end());
                     println!("middle-end time: {ms:.1} ms");
@@ -295,6 +310,7 @@ fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Grap
 fn in_file(path: &std::path::Path, e: Error) -> Error {
     match e {
         Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
+        Error::Backend(message) => Error::Backend(format!("{}: {message}", path.display())),
         other => other,
     }
 }
@@ -316,7 +332,7 @@ fn inspect(path: &std::path::Path) -> Result<()> {
         let t = std::time::Instant::now();
         for p in &a.body.plans {
             if let PlanPayload::Cpu(img) = p {
-                kiln_runtime::cpu::CpuExecutable::load(img.clone())?;
+                kiln_runtime::cpu::CpuExecutable::load(img.clone()).map_err(|e| in_file(path, e))?;
             }
         }
         let ms = verify_ms + t.elapsed().as_secs_f64() * 1e3;
@@ -411,6 +427,14 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
     let at_path = |e| in_file(path, e);
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let artifact = Artifact::from_bytes(&bytes).map_err(at_path)?;
+    // The plans must be those of the model folder's graph (its config.json and checkpoint), not
+    // merely of the graph inside the artifact.
+    artifact.check_graph(&m.graph).map_err(|e| match e {
+        Error::Artifact { message } => Error::Artifact {
+            message: format!("{}: {message} (model {})", path.display(), m.dir.join("config.json").display()),
+        },
+        other => other,
+    })?;
     let graph = artifact.body.graph.clone();
     let buckets = artifact.header.buckets.clone();
     let weights = || {
@@ -418,8 +442,8 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
     };
     match artifact.header.target.clone() {
         Target::CpuX86_64 { .. } => {
-            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::Jit)?;
-            embed_ids(&engine, &m.tokenize(texts)?)
+            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(at_path)?;
+            embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
         }
         target @ Target::Cuda { .. } => {
             // The GPU first: without one this fails at once, before the weights are read.
@@ -431,6 +455,15 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
             embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
         }
     }
+}
+
+/// Total memory from `/proc/meminfo` (None elsewhere or when unreadable). A dozen lines instead
+/// of the `sysinfo` crate, whose process and disk probing kiln does not need.
+fn machine_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// The model directory: the one given, or the default one (fetched when absent).

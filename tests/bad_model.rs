@@ -141,3 +141,57 @@ fn a_nan_weight_is_reported_on_every_backend() {
         one_line_error(&format!("{extra:?}"), ok, &err, "the embedding of text 0 (\"A cat sits on the mat.\") is not finite");
     }
 }
+
+/// A plan runs only with the model it was compiled for: another head count or activation in
+/// config.json is refused, naming the plan and the config.
+#[test]
+fn a_plan_for_another_config_is_refused() {
+    let Some(src) = model_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = tmp.path().join("plan.kiln");
+    let (ok, _, err) = kiln(&["compile", "--model", src.to_str().unwrap(), "--bucket", "1x16", "-o", plan.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = embed(&src, &["--plan", plan.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for (key, value) in [("num_attention_heads", Value::from(6)), ("hidden_act", "relu".into())] {
+        let dir = variant(&src, |c| c[key] = value.clone(), None);
+        let (ok, _, err) = embed(dir.path(), &["--plan", plan.to_str().unwrap()]);
+        one_line_error(&format!("{key}={value}"), ok, &err, "compiled for another graph or weight table");
+        assert!(err.contains(plan.to_str().unwrap()) && err.contains("config.json"), "{err}");
+    }
+}
+
+/// Buckets too large for the machine (or for u64 arithmetic) are one-line errors naming the
+/// bucket at compile time; an artifact holding one (compiled with the limit lifted) is refused
+/// when it is loaded, by a failed allocation turned into an error, not an abort.
+#[test]
+fn huge_buckets_are_errors_not_aborts() {
+    let Some(src) = model_dir() else { return };
+    let model = src.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = tmp.path().join("big.kiln");
+    let plan = plan.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--bucket", "100000x512"], "bucket 100000x512: the arena needs 3"),
+        (&["--bucket", "1x16", "--max-arena-bytes", "1000"], "bucket 1x16: the arena needs"),
+        (&["--bucket", "1099511627776x512"], "bucket 1099511627776x512: tensor `input_ids` [1099511627776, 512] would take more than"),
+        (&["--bucket", "18446744073709551615x512"], "would take more than"),
+    ];
+    for (args, needle) in cases {
+        let mut a = vec!["compile", "--report", "--model", model, "-o", plan];
+        a.extend_from_slice(args);
+        let (ok, _, err) = kiln(&a);
+        let err = err.lines().filter(|l| !l.starts_with('[')).collect::<Vec<_>>().join("\n");
+        one_line_error(&format!("{args:?}"), ok, &err, needle);
+    }
+    assert!(!Path::new(plan).exists(), "an artifact was written");
+    let (ok, _, err) =
+        kiln(&["compile", "--model", model, "--bucket", "100000x512", "--max-arena-bytes", "18446744073709551615", "-o", plan]);
+    assert!(ok, "{err}");
+    let needle = format!("{plan}: bucket 100000x512: cannot allocate an arena of");
+    let (ok, _, err) = kiln(&["inspect", plan]);
+    let err = err.lines().last().unwrap_or("").to_string();
+    assert!(!ok && err.contains(&needle), "inspect: {err}");
+    let (ok, _, err) = embed(&src, &["--plan", plan]);
+    one_line_error("embed --plan", ok, &err, &needle);
+}

@@ -490,18 +490,16 @@ impl KernelProgram {
     /// Floating-point operations of the program's matrix products (2 per multiply-add: GEMMs and
     /// both products of every attention kernel), the figure GFLOP/s are quoted against.
     /// Elementwise work, norms and softmax exponentials are not counted.
-    pub fn matmul_flops(&self) -> u64 {
+    pub fn matmul_flops(&self) -> u128 {
+        // u128: a bucket's shapes are bounded (pipeline::MAX_TENSOR_BYTES), their products of
+        // four dims are not bounded by u64.
+        let prod = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
         self.kernels
             .iter()
             .map(|k| match &k.op {
-                KernelOp::Gemm { batch, m, n, k, .. } => {
-                    2 * batch.iter().product::<usize>() as u64 * (*m as u64) * (*n as u64) * (*k as u64)
-                }
+                KernelOp::Gemm { batch, m, n, k, .. } => 2 * prod(batch) * prod(&[*m, *n, *k]),
                 KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, .. } => {
-                    2 * batch.iter().product::<usize>() as u64
-                        * (*seq_q as u64)
-                        * (*seq_kv as u64)
-                        * (*head_dim as u64 + *v_dim as u64)
+                    2 * prod(batch) * prod(&[*seq_q, *seq_kv]) * (*head_dim as u128 + *v_dim as u128)
                 }
                 _ => 0,
             })

@@ -44,7 +44,27 @@ fn dump_requested(stage: &str) -> bool {
     std::env::var("KILN_DUMP").is_ok_and(|v| dump_spec_matches(&v, stage))
 }
 
+/// The most bytes one tensor of a bucket may take (2⁴⁶, 64 TiB): a larger bucket is refused
+/// before any pass runs, which keeps every later size and offset sum far from overflow.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 46;
+
+/// Refuses a bucket in which some tensor of `graph` would exceed [`MAX_TENSOR_BYTES`].
+pub fn check_bucket_sizes(graph: &Graph, bucket: Bucket) -> Result<()> {
+    for n in &graph.nodes {
+        let bytes = n.shape.iter().try_fold(n.dtype.size() as u64, |acc, d| acc.checked_mul(d.resolve(bucket) as u64));
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            let dims: Vec<usize> = n.shape.iter().map(|d| d.resolve(bucket)).collect();
+            return Err(Error::Unsupported(format!(
+                "bucket {bucket}: tensor `{}` {dims:?} would take more than {MAX_TENSOR_BYTES} bytes",
+                n.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn run_with(graph: &Graph, bucket: Bucket, hook: &mut dyn FnMut(&str, &dyn Fn() -> String)) -> Result<Lowered> {
+    check_bucket_sizes(graph, bucket)?;
     let mut ctx = PassCtx::new(graph, bucket);
     let mut g = graph.clone();
     for pass in standard_passes() {
@@ -114,7 +134,7 @@ pub struct CompileReport {
     pub naive_bytes: usize,
     pub lower_bound_bytes: usize,
     /// [`KernelProgram::matmul_flops`](crate::kernel_ir::KernelProgram::matmul_flops) of the plan.
-    pub matmul_flops: u64,
+    pub matmul_flops: u128,
 }
 
 impl CompileReport {

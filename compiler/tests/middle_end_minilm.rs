@@ -94,7 +94,7 @@ fn matmul_flops_match_the_textbook_count() {
         let rows = batch * seq;
         let linear = 2 * rows * (4 * h * h + 2 * h * f);
         let attention = 2 * batch * heads * seq * seq * 2 * d;
-        assert_eq!(r.matmul_flops, layers * (linear + attention), "bucket {batch}x{seq}");
+        assert_eq!(r.matmul_flops, u128::from(layers * (linear + attention)), "bucket {batch}x{seq}");
     }
 }
 

@@ -204,30 +204,41 @@ impl CpuPlanImage {
     }
 }
 
-/// A 64-byte-aligned zeroed buffer (the arena).
-pub struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
+/// A plan's arena: 64-byte-aligned, zeroed, allocated fallibly — a bucket too large for the
+/// machine is an [`Error`], not an abort (`alloc_zeroed` also leaves untouched pages unbacked,
+/// as `vec![0; n]` would). Named apart from `kiln_kernels::aligned::AlignedBuf`, the kernels'
+/// scratch.
+pub struct Arena {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
     len: usize,
 }
 
-impl AlignedBuf {
-    pub fn new(len: usize) -> Self {
-        let raw = vec![0u8; len + 64];
-        let start = raw.as_ptr().align_offset(64);
-        AlignedBuf { raw, start, len }
+// SAFETY: the arena owns its allocation; access goes through `&self`/`&mut self`.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    pub fn new(len: usize) -> Result<Self> {
+        let too_big = || Error::Backend(format!("cannot allocate an arena of {len} bytes"));
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 64).map_err(|_| too_big())?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(too_big)?;
+        Ok(Arena { ptr, layout, len })
     }
     pub fn as_ptr(&self) -> *const u8 {
-        self.raw[self.start..].as_ptr()
+        self.ptr.as_ptr()
     }
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.raw[self.start..].as_mut_ptr()
+        self.ptr.as_ptr()
     }
     pub fn as_slice(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
+        // SAFETY: `len` initialized (zeroed) bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
+        // SAFETY: as above, borrowed mutably through self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
     pub fn len(&self) -> usize {
         self.len
@@ -237,9 +248,16 @@ impl AlignedBuf {
     }
 }
 
-impl std::fmt::Debug for AlignedBuf {
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("Arena").field("len", &self.len).finish()
     }
 }
 
@@ -270,7 +288,7 @@ impl Parallel for kiln_kernels::threadpool::ThreadPool {
 pub struct CpuExecutable {
     image: CpuPlanImage,
     code: memmap2::Mmap,
-    arena: AlignedBuf,
+    arena: Arena,
 }
 
 // SAFETY: the code map is read-only after load, and the arena is owned; `run` takes `&mut self`.
@@ -290,7 +308,10 @@ impl CpuExecutable {
             .map_err(|e| Error::Backend(format!("cannot map code: {e}")))?;
         map.copy_from_slice(&image.code);
         let code = map.make_exec().map_err(|e| Error::Backend(format!("cannot make code executable: {e}")))?;
-        let mut arena = AlignedBuf::new(image.arena_bytes);
+        let mut arena = Arena::new(image.arena_bytes).map_err(|e| match e {
+            Error::Backend(m) => Error::Backend(format!("bucket {}: {m}", image.bucket)),
+            other => other,
+        })?;
         for (off, bytes) in &image.arena_init {
             arena.as_mut_slice()[*off..*off + bytes.len()].copy_from_slice(bytes);
         }
