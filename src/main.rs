@@ -317,11 +317,11 @@ fn in_file(path: &std::path::Path, e: Error) -> Error {
 
 fn inspect(path: &std::path::Path) -> Result<()> {
     use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
     let t = std::time::Instant::now();
-    let a = Artifact::from_bytes(&bytes).map_err(|e| in_file(path, e))?;
+    let a = Artifact::from_file(path).map_err(|e| in_file(path, e))?;
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
-    println!("file: {} ({} bytes)", path.display(), bytes.len());
+    let size = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
+    println!("file: {} ({size} bytes)", path.display());
     println!("format version: {FORMAT_VERSION}");
     println!("kiln version: {}", a.header.kiln_version);
     println!("target: {}", a.header.target);
@@ -425,8 +425,7 @@ fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) 
     use kiln_runtime::cpu::PrecompiledCpu;
     use kiln_runtime::cuda::PrecompiledCuda;
     let at_path = |e| in_file(path, e);
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    let artifact = Artifact::from_bytes(&bytes).map_err(at_path)?;
+    let artifact = Artifact::from_file(path).map_err(at_path)?;
     // The plans must be those of the model folder's graph (its config.json and checkpoint), not
     // merely of the graph inside the artifact.
     artifact.check_graph(&m.graph).map_err(|e| match e {

@@ -38,6 +38,14 @@ impl SentenceModel {
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| Error::Model { path: tok_path.clone(), message: format!("cannot load tokenizer: {e}") })?;
+        // An id past the embedding table would fail inside the gather kernel; say which file.
+        let vocab = tokenizer.get_vocab_size(true);
+        if vocab > config.vocab_size {
+            return Err(Error::Model {
+                path: tok_path,
+                message: format!("has {vocab} tokens, the model's embedding table (vocab_size in config.json) has {}", config.vocab_size),
+            });
+        }
         // sentence-transformers truncates at max_seq_length and never pads: the engine pads.
         let max_tokens = read_max_seq_length(dir).unwrap_or(config.max_position_embeddings).min(config.max_position_embeddings);
         tokenizer.with_padding(None);

@@ -195,3 +195,18 @@ fn huge_buckets_are_errors_not_aborts() {
     let (ok, _, err) = embed(&src, &["--plan", plan]);
     one_line_error("embed --plan", ok, &err, &needle);
 }
+
+/// A tokenizer with more tokens than the embedding table is refused naming tokenizer.json
+/// (an id past the table would otherwise fail inside the gather kernel).
+#[test]
+fn a_tokenizer_larger_than_the_embedding_table_is_refused() {
+    let Some(src) = model_dir() else { return };
+    let dir = variant(&src, |_| {}, None);
+    let tok = dir.path().join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&tok).unwrap()).unwrap();
+    std::fs::remove_file(&tok).unwrap(); // the symlink to the original
+    t["model"]["vocab"]["zzzz-not-in-the-table"] = 30522.into();
+    std::fs::write(&tok, t.to_string()).unwrap();
+    let (ok, _, err) = embed(dir.path(), &[]);
+    one_line_error("tokenizer", ok, &err, "tokenizer.json: has 30523 tokens, the model's embedding table");
+}

@@ -133,8 +133,47 @@ impl Artifact {
         out
     }
 
-    /// Parses and verifies an artifact: size, magic, version, checksum, then decodes header and
-    /// body and checks the target against this machine. Runs nothing.
+    /// Reads and verifies an artifact file without trusting it with memory or time: only a
+    /// regular file (not a FIFO or a device), whose fixed head and header lengths are checked
+    /// against the file size before the rest is read. Then as [`Artifact::from_bytes`].
+    pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        use std::io::Read;
+        let io = |e: std::io::Error| Error::io(path, &e);
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return reject("not a regular file");
+        }
+        let size = meta.len();
+        if size < (FIXED_HEAD + 8 + CHECKSUM_LEN) as u64 {
+            return reject(format!("{size} bytes is too short to be a kiln plan (truncated?)"));
+        }
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut head = vec![0u8; FIXED_HEAD];
+        f.read_exact(&mut head).map_err(io)?;
+        if &head[..8] != MAGIC {
+            return reject("not a kiln plan artifact (bad magic)");
+        }
+        let header_len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as u64;
+        if (FIXED_HEAD as u64 + header_len + 8 + CHECKSUM_LEN as u64) > size {
+            return reject(format!("header length {header_len} runs past the end of the {size}-byte file"));
+        }
+        head.resize(FIXED_HEAD + header_len as usize + 8, 0);
+        f.read_exact(&mut head[FIXED_HEAD..]).map_err(io)?;
+        let body_len = u64::from_le_bytes(head[head.len() - 8..].try_into().unwrap());
+        if (head.len() as u64).checked_add(body_len).and_then(|n| n.checked_add(CHECKSUM_LEN as u64)) != Some(size) {
+            return reject(format!("body length {body_len} does not match the {size}-byte file"));
+        }
+        let mut bytes = head;
+        bytes.reserve_exact((size as usize).saturating_sub(bytes.len()));
+        f.take(size - bytes.len() as u64).read_to_end(&mut bytes).map_err(io)?;
+        if bytes.len() as u64 != size {
+            return reject("the file changed size while it was read");
+        }
+        Self::from_bytes(&bytes)
+    }
+
+    /// Parses and verifies an artifact: size, magic, lengths, checksum, version, then decodes
+    /// header and body and checks the target against this machine. Runs nothing.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < FIXED_HEAD + 8 + CHECKSUM_LEN {
             return reject(format!("{} bytes is too short to be a kiln plan (truncated?)", bytes.len()));
@@ -143,6 +182,17 @@ impl Artifact {
             return reject("not a kiln plan artifact (bad magic)");
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        let (content, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
+        let want: [u8; 32] = Sha256::digest(content).into();
+        let intact = want.as_slice() == sum;
+        // The version is believed only for an intact file: random bytes after the magic are
+        // corruption, not "a newer kiln".
+        if version != FORMAT_VERSION && !intact {
+            return reject(format!(
+                "corrupt, or from an incompatible kiln: format version {version} (this runtime reads {FORMAT_VERSION}) \
+                 and the checksum does not match"
+            ));
+        }
         if version > FORMAT_VERSION {
             return reject(format!(
                 "format version {version} was written by a newer kiln; this runtime reads version {FORMAT_VERSION}"
@@ -151,9 +201,7 @@ impl Artifact {
         if version < FORMAT_VERSION {
             return reject(format!("format version {version} is older than {FORMAT_VERSION}: recompile the plan"));
         }
-        let (content, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
-        let want: [u8; 32] = Sha256::digest(content).into();
-        if want.as_slice() != sum {
+        if !intact {
             return reject("checksum mismatch: the file is corrupt or truncated");
         }
         let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;

@@ -90,6 +90,13 @@ fn wrong_magic_and_newer_version_say_so() {
     assert!(e.to_string().contains("bad magic"), "{e}");
     let mut b = artifact(&[]).to_bytes();
     b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    // Without a matching checksum the version is not believed: corruption, not a newer kiln.
+    let e = Artifact::from_bytes(&b).unwrap_err();
+    assert!(e.to_string().contains("corrupt") && !e.to_string().contains("newer"), "{e}");
+    // An intact file of a newer format.
+    let n = b.len() - 32;
+    let sum: [u8; 32] = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&b[..n])).into();
+    b[n..].copy_from_slice(&sum);
     let e = Artifact::from_bytes(&b).unwrap_err();
     assert!(e.to_string().contains("newer kiln"), "{e}");
 }
