@@ -48,6 +48,10 @@ enum Cmd {
         /// nothing is compiled.
         #[arg(long, conflicts_with = "backend")]
         plan: Option<PathBuf>,
+        /// Run the plan only if it is signed by this key (SPKI PEM, `kiln keygen`'s `.pub`);
+        /// repeat for several. Without it any intact plan runs: trust it like an executable.
+        #[arg(long, requires = "plan")]
+        trusted_key: Vec<PathBuf>,
         /// Print `{"embeddings": [[...], ...]}` only.
         #[arg(long)]
         json: bool,
@@ -76,6 +80,9 @@ enum Cmd {
         /// machine's every feature) or `cuda:sm_XY` (PTX/cubin via NVRTC; no GPU needed).
         #[arg(long, default_value = "cpu")]
         target: String,
+        /// Sign the artifact with this secret key (PKCS#8 PEM, `kiln keygen`'s `.key`).
+        #[arg(long, requires = "output")]
+        sign: Option<PathBuf>,
         /// Refuse a bucket whose arena needs more bytes than this (default: this machine's
         /// memory, from /proc/meminfo).
         #[arg(long)]
@@ -101,10 +108,19 @@ enum Cmd {
         #[arg(long)]
         profile: bool,
     },
-    /// Verify a plan artifact and describe it: header, buckets, kernels, code and arena bytes.
+    /// Verify a plan artifact and describe it: header, signer, buckets, kernels, code and arena bytes.
     Inspect {
         /// The `.kiln` file.
         plan: PathBuf,
+        /// Require a signature by this key (repeatable), as `embed --trusted-key` does.
+        #[arg(long)]
+        trusted_key: Vec<PathBuf>,
+    },
+    /// Make an Ed25519 key pair for signing artifacts: PREFIX.key (secret, PKCS#8 PEM, mode 0600)
+    /// and PREFIX.pub (public, SPKI PEM). Existing files are never overwritten.
+    Keygen {
+        /// Path prefix of the two files.
+        prefix: PathBuf,
     },
 }
 
@@ -127,12 +143,13 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { model, backend, plan, json, texts } => {
+        Cmd::Embed { model, backend, plan, trusted_key, json, texts } => {
+            let trust = trust_policy(&trusted_key)?;
             let dir = resolve_model(model)?;
             let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
             let embeddings = match (plan, backend) {
-                (Some(p), _) => embed_precompiled(&p, &m, &texts)?,
+                (Some(p), _) => embed_precompiled(&p, &trust, &m, &texts)?,
                 (None, BackendKind::Reference) => embed_with(ReferenceBackend, &m, &texts)?,
                 (None, BackendKind::Cuda) => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
                 (None, BackendKind::Cpu) => embed_with(kiln_compiler::backends::cpu::CpuBackend::new()?, &m, &texts)?,
@@ -141,7 +158,9 @@ fn run(cli: Cli) -> Result<()> {
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
-        Cmd::Compile { model, bucket, report, dump_after, output, target, max_arena_bytes } => {
+        Cmd::Compile { model, bucket, report, dump_after, output, target, sign, max_arena_bytes } => {
+            // The key first: a bad key fails before minutes of compiling.
+            let sign = sign.map(|k| kiln_runtime::trust::read_signing_key(&k)).transpose()?;
             let arena_limit = match max_arena_bytes {
                 Some(n) => (n, "--max-arena-bytes"),
                 None => (machine_memory_bytes().unwrap_or(u64::MAX), "this machine's memory; --max-arena-bytes changes the limit"),
@@ -178,13 +197,18 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             if let (Some(out), Some(t)) = (output, artifact_target) {
-                let bytes = kiln_runtime::artifact::Artifact::new(&m.graph, t.artifact_target(), plans).to_bytes();
+                let a = kiln_runtime::artifact::Artifact::new(&m.graph, t.artifact_target(), plans);
+                let bytes = match &sign {
+                    Some(k) => a.to_signed_bytes(k),
+                    None => a.to_bytes(),
+                };
                 std::fs::write(&out, &bytes).map_err(|e| Error::io(&out, &e))?;
                 eprintln!("wrote {} ({} bytes, {} bucket(s))", out.display(), bytes.len(), buckets.len());
             }
             Ok(())
         }
-        Cmd::Inspect { plan } => inspect(&plan),
+        Cmd::Inspect { plan, trusted_key } => inspect(&plan, &trust_policy(&trusted_key)?),
+        Cmd::Keygen { prefix } => keygen(&prefix),
         Cmd::Bench { model, bucket, backend, threads, runs, profile } => bench(model, &bucket, backend, threads, runs, profile),
     }
 }
@@ -315,10 +339,54 @@ fn in_file(path: &std::path::Path, e: Error) -> Error {
     }
 }
 
-fn inspect(path: &std::path::Path) -> Result<()> {
+/// `--trusted-key` files: none means any intact artifact (unsigned ones included).
+fn trust_policy(keys: &[PathBuf]) -> Result<kiln_runtime::TrustPolicy> {
+    if keys.is_empty() {
+        return Ok(kiln_runtime::TrustPolicy::AnyIntact);
+    }
+    kiln_runtime::TrustPolicy::from_key_files(keys)
+}
+
+/// `kiln keygen PREFIX`: PREFIX.key (0600) and PREFIX.pub, created new (never overwritten).
+fn keygen(prefix: &std::path::Path) -> Result<()> {
+    use ed25519_dalek::pkcs8::{spki::der::pem::LineEnding, EncodePrivateKey, EncodePublicKey};
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let with_ext = |ext: &str| {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(ext);
+        PathBuf::from(p)
+    };
+    let (secret_path, public_path) = (with_ext(".key"), with_ext(".pub"));
+    for p in [&secret_path, &public_path] {
+        if p.symlink_metadata().is_ok() {
+            return Err(Error::Io { path: p.clone(), message: "already exists; kiln keygen never overwrites a file".into() });
+        }
+    }
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| Error::Backend(format!("no OS random source: {e}")))?;
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+    let internal = |e: &dyn std::fmt::Display| Error::Backend(format!("cannot encode the key: {e}"));
+    // PKCS#8 v1 (no public key inside), the form OpenSSL 3.0 reads; ed25519-dalek reads both.
+    let secret = ed25519_dalek::pkcs8::KeypairBytes { secret_key: key.to_bytes(), public_key: None }
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| internal(&e))?;
+    let public = key.verifying_key().to_public_key_pem(LineEnding::LF).map_err(|e| internal(&e))?;
+    let write = |p: &std::path::Path, text: &str, mode: u32| -> Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(p).map_err(|e| Error::io(p, &e))?;
+        f.write_all(text.as_bytes()).map_err(|e| Error::io(p, &e))
+    };
+    write(&secret_path, &secret, 0o600)?;
+    write(&public_path, &public, 0o644)?;
+    println!("secret key: {} (keep it private)", secret_path.display());
+    println!("public key: {} (key {})", public_path.display(), kiln_runtime::trust::key_id(&key.verifying_key()));
+    Ok(())
+}
+
+fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<()> {
     use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
     let t = std::time::Instant::now();
-    let a = Artifact::from_file(path).map_err(|e| in_file(path, e))?;
+    let a = Artifact::from_file_with(path, trust).map_err(|e| in_file(path, e))?;
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
     let size = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
     println!("file: {} ({size} bytes)", path.display());
@@ -326,6 +394,10 @@ fn inspect(path: &std::path::Path) -> Result<()> {
     println!("kiln version: {}", a.header.kiln_version);
     println!("target: {}", a.header.target);
     println!("graph fingerprint: {}", hex(&a.header.fingerprint));
+    match &a.signer {
+        Some(k) => println!("signed by: key {} (signature verified)", kiln_runtime::trust::key_id(k)),
+        None => println!("signed by: nobody (unsigned: trust it like an executable)"),
+    }
     println!("verified (magic, version, checksum, target) in {verify_ms:.2} ms");
     // Map every CPU plan as a run would (verify image, code write-then-exec, arena + constants).
     if a.body.plans.iter().any(|p| matches!(p, PlanPayload::Cpu(_))) {
@@ -420,12 +492,17 @@ impl ArtifactTarget {
 
 /// Embeds through precompiled plans only: the artifact's own graph, buckets as in the
 /// artifact, and by its target `PrecompiledCpu` or `PrecompiledCuda` (no compiler either way).
-fn embed_precompiled(path: &std::path::Path, m: &SentenceModel, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+fn embed_precompiled(
+    path: &std::path::Path,
+    trust: &kiln_runtime::TrustPolicy,
+    m: &SentenceModel,
+    texts: &[&str],
+) -> Result<Vec<Vec<f32>>> {
     use kiln_runtime::artifact::{Artifact, Target};
     use kiln_runtime::cpu::PrecompiledCpu;
     use kiln_runtime::cuda::PrecompiledCuda;
     let at_path = |e| in_file(path, e);
-    let artifact = Artifact::from_file(path).map_err(at_path)?;
+    let artifact = Artifact::from_file_with(path, trust).map_err(at_path)?;
     // The plans must be those of the model folder's graph (its config.json and checkpoint), not
     // merely of the graph inside the artifact.
     artifact.check_graph(&m.graph).map_err(|e| match e {

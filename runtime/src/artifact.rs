@@ -9,6 +9,7 @@
 //! body_len     u64
 //! body         bincode 2 of ArtifactBody (one PlanPayload per bucket)
 //! checksum     32 bytes SHA-256 of every byte before it
+//! signature    optional, 104 bytes: "KILNSIG1", Ed25519 public key, signature (see `trust`)
 //! ```
 //! [`Artifact::from_bytes`] checks size, magic, version and checksum before decoding anything,
 //! then the target (architecture, CPU features), then — in [`Artifact::check_graph`] — the graph
@@ -24,10 +25,11 @@ use sha2::{Digest, Sha256};
 use crate::cpu::{has_cpu_feature, CpuPlanImage};
 use crate::error::{Error, Result};
 use crate::graph::{Bucket, Graph};
+use crate::trust::{self, TrustPolicy, SIG_BLOCK_LEN};
 
 pub const MAGIC: &[u8; 8] = b"KILNPLAN";
-/// Bumped whenever the layout or the body types change.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever the layout or the body types change (2: the optional signature trailer).
+pub const FORMAT_VERSION: u32 = 2;
 const FIXED_HEAD: usize = 8 + 4 + 4;
 const CHECKSUM_LEN: usize = 32;
 
@@ -81,6 +83,8 @@ pub struct ArtifactBody {
 pub struct Artifact {
     pub header: ArtifactHeader,
     pub body: ArtifactBody,
+    /// Who signed the file it was read from (None: unsigned, or built in memory).
+    pub signer: Option<ed25519_dalek::VerifyingKey>,
 }
 
 /// SHA-256 over the graph (ops, shapes, inputs, outputs) and its weight table (names, dtypes,
@@ -114,9 +118,19 @@ impl Artifact {
                 buckets,
             },
             body: ArtifactBody { graph: graph.clone(), plans },
+            signer: None,
         }
     }
 
+    /// The file image, signed with `key`: the unsigned image and a signature trailer.
+    pub fn to_signed_bytes(&self, key: &ed25519_dalek::SigningKey) -> Vec<u8> {
+        let mut out = self.to_bytes();
+        let sum: [u8; 32] = out[out.len() - CHECKSUM_LEN..].try_into().unwrap();
+        out.extend_from_slice(&trust::signature_block(key, &sum));
+        out
+    }
+
+    /// The unsigned file image.
     pub fn to_bytes(&self) -> Vec<u8> {
         let cfg = bincode::config::standard();
         let header = bincode::serde::encode_to_vec(&self.header, cfg).expect("header encodes");
@@ -137,6 +151,11 @@ impl Artifact {
     /// regular file (not a FIFO or a device), whose fixed head and header lengths are checked
     /// against the file size before the rest is read. Then as [`Artifact::from_bytes`].
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        Self::from_file_with(path, &TrustPolicy::AnyIntact)
+    }
+
+    /// [`Artifact::from_file`] under a trust policy.
+    pub fn from_file_with(path: &std::path::Path, policy: &TrustPolicy) -> Result<Self> {
         use std::io::Read;
         let io = |e: std::io::Error| Error::io(path, &e);
         let meta = std::fs::metadata(path).map_err(io)?;
@@ -160,7 +179,8 @@ impl Artifact {
         head.resize(FIXED_HEAD + header_len as usize + 8, 0);
         f.read_exact(&mut head[FIXED_HEAD..]).map_err(io)?;
         let body_len = u64::from_le_bytes(head[head.len() - 8..].try_into().unwrap());
-        if (head.len() as u64).checked_add(body_len).and_then(|n| n.checked_add(CHECKSUM_LEN as u64)) != Some(size) {
+        let unsigned = (head.len() as u64).checked_add(body_len).and_then(|n| n.checked_add(CHECKSUM_LEN as u64));
+        if unsigned != Some(size) && unsigned.and_then(|n| n.checked_add(SIG_BLOCK_LEN as u64)) != Some(size) {
             return reject(format!("body length {body_len} does not match the {size}-byte file"));
         }
         let mut bytes = head;
@@ -169,12 +189,19 @@ impl Artifact {
         if bytes.len() as u64 != size {
             return reject("the file changed size while it was read");
         }
-        Self::from_bytes(&bytes)
+        Self::from_bytes_with(&bytes, policy)
     }
 
     /// Parses and verifies an artifact: size, magic, lengths, checksum, version, then decodes
-    /// header and body and checks the target against this machine. Runs nothing.
+    /// header and body and checks the target against this machine. Runs nothing. Any intact
+    /// artifact is accepted (see [`Artifact::from_bytes_with`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        Self::from_bytes_with(bytes, &TrustPolicy::AnyIntact)
+    }
+
+    /// [`Artifact::from_bytes`] under a trust policy: the signature (if any) and the policy are
+    /// checked right after the checksum, before anything is decoded.
+    pub fn from_bytes_with(bytes: &[u8], policy: &TrustPolicy) -> Result<Self> {
         if bytes.len() < FIXED_HEAD + 8 + CHECKSUM_LEN {
             return reject(format!("{} bytes is too short to be a kiln plan (truncated?)", bytes.len()));
         }
@@ -182,15 +209,27 @@ impl Artifact {
             return reject("not a kiln plan artifact (bad magic)");
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        let (content, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
-        let want: [u8; 32] = Sha256::digest(content).into();
-        let intact = want.as_slice() == sum;
+        let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        // Where the checksum ends, from the declared lengths; what follows is the trailer.
+        let sum_end = FIXED_HEAD
+            .checked_add(header_len)
+            .filter(|&e| e + 8 <= bytes.len())
+            .and_then(|header_end| {
+                let body_len = u64::from_le_bytes(bytes[header_end..header_end + 8].try_into().unwrap());
+                usize::try_from(body_len).ok()?.checked_add(header_end + 8 + CHECKSUM_LEN)
+            })
+            .filter(|&e| e == bytes.len() || bytes.len().checked_sub(SIG_BLOCK_LEN) == Some(e));
+        let intact_at = |end: usize| {
+            let want: [u8; 32] = Sha256::digest(&bytes[..end - CHECKSUM_LEN]).into();
+            want.as_slice() == &bytes[end - CHECKSUM_LEN..end]
+        };
+        let intact = sum_end.is_some_and(intact_at);
         // The version is believed only for an intact file: random bytes after the magic are
         // corruption, not "a newer kiln".
         if version != FORMAT_VERSION && !intact {
             return reject(format!(
                 "corrupt, or from an incompatible kiln: format version {version} (this runtime reads {FORMAT_VERSION}) \
-                 and the checksum does not match"
+                 and the lengths or checksum do not match"
             ));
         }
         if version > FORMAT_VERSION {
@@ -201,12 +240,13 @@ impl Artifact {
         if version < FORMAT_VERSION {
             return reject(format!("format version {version} is older than {FORMAT_VERSION}: recompile the plan"));
         }
+        let Some(sum_end) = sum_end else { return reject("the header and body lengths do not match the file size") };
         if !intact {
             return reject("checksum mismatch: the file is corrupt or truncated");
         }
-        let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-        let header_end = FIXED_HEAD.checked_add(header_len).filter(|&e| e + 8 <= content.len());
-        let Some(header_end) = header_end else { return reject("header length runs past the end") };
+        let signer = trust::check(&bytes[sum_end..], &bytes[sum_end - CHECKSUM_LEN..sum_end], policy)?;
+        let content = &bytes[..sum_end - CHECKSUM_LEN];
+        let header_end = FIXED_HEAD + header_len;
         let cfg = bincode::config::standard().with_limit::<{ 1 << 30 }>();
         let (header, used): (ArtifactHeader, usize) =
             bincode::serde::decode_from_slice(&content[FIXED_HEAD..header_end], cfg)
@@ -230,7 +270,7 @@ impl Artifact {
         if fingerprint(&body.graph) != header.fingerprint {
             return reject("the graph inside does not match the header's fingerprint");
         }
-        let a = Artifact { header, body };
+        let a = Artifact { header, body, signer };
         a.check_target()?;
         Ok(a)
     }

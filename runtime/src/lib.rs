@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod graph;
+pub mod trust;
 pub mod weights;
 
 pub use backend::{check_weights, Backend, Batch, Caps, Outputs};
@@ -21,6 +22,7 @@ pub use error::{Error, Result};
 pub use graph::{
     BinaryOp, Bucket, Dim, Graph, InputRole, InputSpec, Node, Op, ReduceOp, UnaryOp, ValueId, WeightSpec,
 };
+pub use trust::TrustPolicy;
 pub use weights::{
     block_on, load_graph_weights, BoxFuture, SafetensorsLoader, TensorInfo, TensorRef, TensorSpec, WeightLoader,
     WeightLoaderCapabilities, WeightMetadata, WeightSource,

@@ -159,3 +159,32 @@ fn executor_runs_verified_code() {
     let bad = HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap();
     assert!(unsafe { exe.run(&[], std::ptr::null(), &[bad], &mut out, &Inline) }.is_err());
 }
+
+/// Signed artifacts through the library API: the signer is reported, every single-byte flip and
+/// every truncation of a signed file is refused under a policy that trusts its key, and a
+/// policy trusting another key refuses it.
+#[test]
+fn signatures_and_trust_policy() {
+    use ed25519_dalek::SigningKey;
+    use kiln_runtime::TrustPolicy;
+    let (alice, mallory) = (SigningKey::from_bytes(&[7; 32]), SigningKey::from_bytes(&[9; 32]));
+    let a = artifact(&[]);
+    let bytes = a.to_signed_bytes(&alice);
+    let trust_alice = TrustPolicy::SignedBy(vec![alice.verifying_key()]);
+    let b = Artifact::from_bytes_with(&bytes, &trust_alice).unwrap();
+    assert_eq!(b.signer, Some(alice.verifying_key()));
+    assert_eq!((b.header, b.body), (a.header.clone(), a.body.clone()));
+    assert_eq!(Artifact::from_bytes(&bytes).unwrap().signer, Some(alice.verifying_key()));
+    let e = Artifact::from_bytes_with(&bytes, &TrustPolicy::SignedBy(vec![mallory.verifying_key()])).unwrap_err();
+    assert!(e.to_string().contains("not one of the 1 trusted key(s)"), "{e}");
+    let e = Artifact::from_bytes_with(&a.to_bytes(), &trust_alice).unwrap_err();
+    assert!(e.to_string().contains("unsigned"), "{e}");
+    for i in 0..bytes.len() {
+        let mut c = bytes.clone();
+        c[i] ^= 0x01;
+        assert!(is_artifact_error(Artifact::from_bytes_with(&c, &trust_alice)), "flip at {i} accepted");
+    }
+    for n in 0..bytes.len() {
+        assert!(is_artifact_error(Artifact::from_bytes_with(&bytes[..n], &trust_alice)), "truncation to {n} accepted");
+    }
+}
