@@ -70,9 +70,11 @@ fn one_line_error(what: &str, ok: bool, err: &str, needle: &str) {
 #[test]
 fn a_config_that_does_not_match_the_checkpoint_fails_fast_naming_config_json() {
     let Some(src) = model_dir() else { return };
-    let cases: [(&str, Value, &str); 4] = [
-        ("num_hidden_layers", 10_000.into(), "num_hidden_layers is 10000, the checkpoint has 6 layers"),
-        ("num_hidden_layers", 1_000_000_000u64.into(), "exceed"),
+    let cases: [(&str, Value, &str); 6] = [
+        ("intermediate_size", 1_000_000_000_000u64.into(), "exceed 1099511627776 parameters"),
+        ("num_hidden_layers", 1000.into(), "num_hidden_layers is 1000, the checkpoint has 6 layers"),
+        ("num_hidden_layers", 10_000.into(), "num_hidden_layers 10000 is more than kiln builds (4096)"),
+        ("num_hidden_layers", 1_000_000_000u64.into(), "more than kiln builds"),
         ("num_hidden_layers", 3.into(), "num_hidden_layers is 3, the checkpoint has 6 layers"),
         ("intermediate_size", 1000.into(), "encoder.layer.0.intermediate.dense.weight` has shape [1536, 384]"),
     ];
@@ -89,7 +91,8 @@ fn a_config_that_does_not_match_the_checkpoint_fails_fast_naming_config_json() {
 #[test]
 fn bad_activation_epsilon_and_architecture_are_refused() {
     let Some(src) = model_dir() else { return };
-    let cases: [(&str, Value, &str); 5] = [
+    let cases: [(&str, Value, &str); 6] = [
+        ("intermediate_size", 1_000_000_000_000u64.into(), "exceed 1099511627776 parameters"),
         ("hidden_act", "mish".into(), "hidden_act `mish` is not supported (gelu, gelu_python, gelu_new"),
         ("layer_norm_eps", 0.0.into(), "layer_norm_eps 0 is not a positive number"),
         ("layer_norm_eps", (-1e-12).into(), "layer_norm_eps -0.000000000001 is not a positive number"),

@@ -87,14 +87,18 @@ pub struct Artifact {
     pub signer: Option<ed25519_dalek::VerifyingKey>,
 }
 
-/// SHA-256 over the graph (ops, shapes, inputs, outputs) and its weight table (names, dtypes,
-/// shapes). Weight values are deliberately not part of it: the same plan serves fine-tuned
-/// checkpoints of the same architecture.
+/// SHA-256 over the graph (ops, shapes, inputs and outputs with their names) and its weight
+/// table (names, dtypes, shapes). Node names are not part of it (renaming a node changes no plan),
+/// nor are weight values: the same plan serves fine-tuned checkpoints of the same architecture.
 pub fn fingerprint(graph: &Graph) -> [u8; 32] {
-    let bytes = bincode::serde::encode_to_vec(graph, bincode::config::standard())
+    let mut g = graph.clone();
+    for n in &mut g.nodes {
+        n.name.clear();
+    }
+    let bytes = bincode::serde::encode_to_vec(&g, bincode::config::standard())
         .expect("encoding a graph into a Vec cannot fail");
     let mut h = Sha256::new();
-    h.update(b"kiln-graph-v1");
+    h.update(b"kiln-graph-v2");
     h.update(&bytes);
     h.finalize().into()
 }

@@ -19,6 +19,7 @@
 //! the very same code.
 
 mod backend;
+pub mod features;
 pub mod weights;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::graph::Bucket;
 
 pub use backend::{cpu_caps, cpu_device, CpuContext, CpuPlan, PrecompiledCpu, Threads, MAX_THREADS};
+pub use features::{has_cpu_feature, X86Feature, X86_FEATURES};
 pub use weights::{CpuWeights, WeightPrep, WeightSlot};
 
 /// Where a graph input or output lives in the arena.
@@ -99,40 +101,6 @@ pub struct CpuPlanImage {
     /// Threads the kernel-table scratch (GEMM, attention) was sized for; more threads in the
     /// pool than this are not used by those kernels.
     pub scratch_threads: u32,
-}
-
-/// Whether this machine has an x86 feature, by its `is_x86_feature_detected!` name.
-pub fn has_cpu_feature(name: &str) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match name {
-            "sse2" => is_x86_feature_detected!("sse2"),
-            "sse3" => is_x86_feature_detected!("sse3"),
-            "ssse3" => is_x86_feature_detected!("ssse3"),
-            "sse4.1" => is_x86_feature_detected!("sse4.1"),
-            "sse4.2" => is_x86_feature_detected!("sse4.2"),
-            "popcnt" => is_x86_feature_detected!("popcnt"),
-            "avx" => is_x86_feature_detected!("avx"),
-            "avx2" => is_x86_feature_detected!("avx2"),
-            "fma" => is_x86_feature_detected!("fma"),
-            "bmi1" => is_x86_feature_detected!("bmi1"),
-            "bmi2" => is_x86_feature_detected!("bmi2"),
-            "lzcnt" => is_x86_feature_detected!("lzcnt"),
-            "f16c" => is_x86_feature_detected!("f16c"),
-            "avx512f" => is_x86_feature_detected!("avx512f"),
-            "avx512vl" => is_x86_feature_detected!("avx512vl"),
-            "avx512dq" => is_x86_feature_detected!("avx512dq"),
-            "avx512bw" => is_x86_feature_detected!("avx512bw"),
-            "avx512bitalg" => is_x86_feature_detected!("avx512bitalg"),
-            "avx512vbmi" => is_x86_feature_detected!("avx512vbmi"),
-            _ => false,
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = name;
-        false
-    }
 }
 
 fn range_ok(offset: usize, len: usize, total: usize) -> bool {

@@ -188,3 +188,23 @@ fn signatures_and_trust_policy() {
         assert!(is_artifact_error(Artifact::from_bytes_with(&bytes[..n], &trust_alice)), "truncation to {n} accepted");
     }
 }
+
+/// Node names are labels: renaming one keeps the fingerprint; an op, a shape, an output name or
+/// a weight name changes it.
+#[test]
+fn fingerprint_ignores_node_names_only() {
+    let g = graph(4);
+    let fp = fingerprint(&g);
+    let mut renamed = g.clone();
+    renamed.nodes[2].name = "product".into();
+    assert_eq!(fingerprint(&renamed), fp);
+    let mut op = g.clone();
+    op.nodes[2].op = kiln_runtime::Op::Binary(kiln_runtime::BinaryOp::Add);
+    let mut out = g.clone();
+    out.output_names[0] = "z".into();
+    let mut w = g.clone();
+    w.weights[0].name = "v".into();
+    for other in [op, out, w, graph(5)] {
+        assert_ne!(fingerprint(&other), fp);
+    }
+}

@@ -49,6 +49,9 @@ const ACTIVATIONS: [(&str, UnaryOp); 9] = [
 /// Parameters beyond which a config is refused before any graph is built (2⁴⁰ f32 is 4 TiB):
 /// a typo such as `num_hidden_layers: 1e9` fails at once instead of building for hours.
 const MAX_PARAMETERS: u128 = 1 << 40;
+/// Layers beyond which a config is refused (the deepest published BERT-style encoders have 48):
+/// each layer is some 40 graph nodes, built before any checkpoint is read.
+const MAX_LAYERS: usize = 4096;
 
 fn default_type_vocab() -> usize {
     2
@@ -67,9 +70,13 @@ impl BertConfig {
     /// Reads and checks `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, &e))?;
-        let cfg: BertConfig = serde_json::from_str(&text)
-            .map_err(|e| Error::Model { path: path.into(), message: format!("not a BERT config.json: {e}") })?;
-        cfg.check().map_err(|message| Error::Model { path: path.into(), message })?;
+        Self::from_json(&text).map_err(|message| Error::Model { path: path.into(), message })
+    }
+
+    /// Parses and checks the text of a `config.json`.
+    pub fn from_json(text: &str) -> std::result::Result<Self, String> {
+        let cfg: BertConfig = serde_json::from_str(text).map_err(|e| format!("not a BERT config.json: {e}"))?;
+        cfg.check()?;
         Ok(cfg)
     }
 
@@ -92,6 +99,9 @@ impl BertConfig {
                 "position_embedding_type `{}` is not supported (absolute)",
                 self.position_embedding_type
             ));
+        }
+        if self.num_hidden_layers > MAX_LAYERS {
+            return Err(format!("num_hidden_layers {} is more than kiln builds ({MAX_LAYERS})", self.num_hidden_layers));
         }
         match self.parameters() {
             Some(n) if n <= MAX_PARAMETERS => Ok(()),

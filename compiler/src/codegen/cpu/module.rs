@@ -14,25 +14,11 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::Context;
 use kiln_runtime::{Error, Result};
 
-/// x86 features (by their `is_x86_feature_detected!` names) and the Cranelift flags enabling them.
-pub const FEATURE_FLAGS: &[(&str, &str)] = &[
-    ("sse3", "has_sse3"),
-    ("ssse3", "has_ssse3"),
-    ("sse4.1", "has_sse41"),
-    ("sse4.2", "has_sse42"),
-    ("popcnt", "has_popcnt"),
-    ("avx", "has_avx"),
-    ("avx2", "has_avx2"),
-    ("fma", "has_fma"),
-    ("bmi1", "has_bmi1"),
-    ("bmi2", "has_bmi2"),
-    ("lzcnt", "has_lzcnt"),
-    ("avx512f", "has_avx512f"),
-    ("avx512vl", "has_avx512vl"),
-    ("avx512dq", "has_avx512dq"),
-    ("avx512bitalg", "has_avx512bitalg"),
-    ("avx512vbmi", "has_avx512vbmi"),
-];
+/// x86 features (by their `is_x86_feature_detected!` names) with the Cranelift flags enabling
+/// them: from the one table, `kiln_runtime::cpu::X86_FEATURES`.
+fn feature_flags() -> impl Iterator<Item = (&'static str, &'static str)> {
+    kiln_runtime::cpu::X86_FEATURES.iter().filter_map(|f| Some((f.name, f.cranelift_flag?)))
+}
 
 /// What machine the code is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +68,7 @@ pub fn build_isa(target: &CpuTarget) -> Result<Isa> {
         CpuTarget::X86_64 { features } => {
             let mut b = isa::lookup_by_name("x86_64").map_err(|e| berr(format!("no x86-64 backend: {e:?}")))?;
             for f in features {
-                let flag = FEATURE_FLAGS
-                    .iter()
+                let flag = feature_flags()
                     .find(|(n, _)| n == f)
                     .ok_or_else(|| Error::Unsupported(format!("unknown x86 feature `{f}`")))?
                     .1;
@@ -101,8 +86,7 @@ pub fn build_isa(target: &CpuTarget) -> Result<Isa> {
         .filter(|v| v.as_bool() == Some(true))
         .map(|v| v.name.to_string())
         .collect();
-    let features: Vec<String> = FEATURE_FLAGS
-        .iter()
+    let features: Vec<String> = feature_flags()
         .filter(|(_, flag)| enabled.iter().any(|e| e == flag))
         .map(|(n, _)| n.to_string())
         .collect();

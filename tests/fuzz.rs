@@ -1,0 +1,239 @@
+//! Fuzz harnesses, on stable Rust: proptest drives mutations of valid seeds (bit flips, byte
+//! sets, inserted and deleted runs, little-endian "interesting" integers written over length
+//! fields) into each parser, which must answer `Ok` or a typed `Err`: never panic, abort or
+//! hang. `cargo fuzz` needs nightly; proptest also shrinks a failure to a small case and records
+//! its seed under `tests/fuzz.proptest-regressions`, replayed first by every later run, so a
+//! crash found becomes a regression test.
+//!
+//! Targets: the artifact decoder and verifier (as read, and with the checksum recomputed after
+//! the mutation, as an attacker would, so the decoder behind it is reached), the safetensors
+//! loader, the BERT config parser, the BERT graph builder, the bucket parser.
+//!
+//! `KILN_FUZZ_CASES` sets the cases per target (default 256, the bounded run of the test
+//! suite); the long run is
+//! `KILN_FUZZ_CASES=100000 cargo test --release --test fuzz -- --nocapture`.
+
+use std::sync::OnceLock;
+
+use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+use kiln_compiler::codegen::cpu::CpuTarget;
+use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
+use kiln_runtime::artifact::Artifact;
+use kiln_runtime::cpu::CpuExecutable;
+use kiln_runtime::{block_on, Bucket, SafetensorsLoader, TensorSpec, WeightLoader, WeightSource};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence};
+use sha2::{Digest, Sha256};
+
+fn config() -> Config {
+    let cases = std::env::var("KILN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
+    Config {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..Config::default()
+    }
+}
+
+/// One edit of a seed; positions are taken modulo the input's length.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Set(usize, u8),
+    Insert(usize, Vec<u8>),
+    Delete(usize, usize),
+    /// An integer that breaks length arithmetic (0, 1, 2³¹, 2⁶³, MAX, ...) written little-endian.
+    Interesting(usize, usize),
+}
+
+const INTERESTING: [u64; 10] = [0, 1, 0x7f, 0xff, 0xffff, 0x7fff_ffff, 0xffff_ffff, 1 << 31, 1 << 63, u64::MAX];
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 0u8..8).prop_map(|(i, b)| Mutation::Flip(i, b)),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, v)| Mutation::Set(i, v)),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(i, v)| Mutation::Insert(i, v)),
+        (any::<usize>(), 1usize..64).prop_map(|(i, n)| Mutation::Delete(i, n)),
+        (any::<usize>(), 0..INTERESTING.len() * 4).prop_map(|(i, k)| Mutation::Interesting(i, k)),
+    ]
+}
+
+fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
+    prop::collection::vec(mutation(), 1..6)
+}
+
+fn apply(seed: &[u8], ms: &[Mutation]) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    for m in ms {
+        if b.is_empty() {
+            break;
+        }
+        let at = |i: usize, b: &Vec<u8>| i % b.len();
+        match m {
+            Mutation::Flip(i, bit) => {
+                let i = at(*i, &b);
+                b[i] ^= 1 << bit;
+            }
+            Mutation::Set(i, v) => {
+                let i = at(*i, &b);
+                b[i] = *v;
+            }
+            Mutation::Insert(i, v) => {
+                let i = at(*i, &b);
+                b.splice(i..i, v.iter().copied());
+            }
+            Mutation::Delete(i, n) => {
+                let i = at(*i, &b);
+                let end = (i + n).min(b.len());
+                b.drain(i..end);
+            }
+            Mutation::Interesting(i, k) => {
+                let width = [1, 2, 4, 8][k % 4];
+                let v = INTERESTING[k / 4].to_le_bytes();
+                let i = at(*i, &b);
+                let end = (i + width).min(b.len());
+                b[i..end].copy_from_slice(&v[..end - i]);
+            }
+        }
+    }
+    b
+}
+
+/// A real artifact: a two-layer BERT compiled for two buckets (portable x86-64-v3 code).
+fn artifact_seed() -> &'static [u8] {
+    static SEED: OnceLock<Vec<u8>> = OnceLock::new();
+    SEED.get_or_init(|| {
+        let g = build_bert(&BertConfig::tiny(), "", BertOutputs::default()).unwrap();
+        let be = CpuBackend::with_options(CpuOptions { target: CpuTarget::x86_64_v3(), ..Default::default() }).unwrap();
+        be.build_artifact(&g, &[Bucket::new(1, 4), Bucket::new(2, 8)]).unwrap().to_bytes()
+    })
+}
+
+/// What a loader does with an artifact, short of running it: verify, check the graph, map every
+/// CPU plan (code and arena). Nothing is executed.
+fn load_artifact(bytes: &[u8]) {
+    if let Ok(a) = Artifact::from_bytes(bytes) {
+        let _ = a.check_graph(&a.body.graph);
+        for p in &a.body.plans {
+            if let kiln_runtime::artifact::PlanPayload::Cpu(img) = p {
+                let _ = CpuExecutable::load(img.clone());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn artifact_decoder(ms in mutations(), rechecksum in any::<bool>()) {
+        let mut b = apply(artifact_seed(), &ms);
+        if rechecksum && b.len() >= 32 {
+            let n = b.len() - 32;
+            let sum: [u8; 32] = Sha256::digest(&b[..n]).into();
+            b[n..].copy_from_slice(&sum);
+        }
+        load_artifact(&b);
+    }
+}
+
+/// A safetensors file with the dtypes kiln reads.
+fn safetensors_seed() -> &'static [u8] {
+    static SEED: OnceLock<Vec<u8>> = OnceLock::new();
+    SEED.get_or_init(|| {
+        use safetensors::tensor::{Dtype, TensorView};
+        let f32s: Vec<u8> = (0..12).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let i64s: Vec<u8> = (0..4).flat_map(|i| (i as i64).to_le_bytes()).collect();
+        let f16s: Vec<u8> = (0..6).flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes()).collect();
+        let views = vec![
+            ("w", TensorView::new(Dtype::F32, vec![3, 4], &f32s).unwrap()),
+            ("ids", TensorView::new(Dtype::I64, vec![4], &i64s).unwrap()),
+            ("h", TensorView::new(Dtype::F16, vec![2, 3], &f16s).unwrap()),
+        ];
+        safetensors::serialize(views, None).unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn safetensors_loader(ms in mutations()) {
+        let b = apply(safetensors_seed(), &ms);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        std::fs::write(&path, &b).unwrap();
+        let source = WeightSource::Safetensors(path);
+        let loader = SafetensorsLoader::new();
+        let mut specs: Vec<TensorSpec> = ["w", "ids", "h"]
+            .iter()
+            .map(|n| TensorSpec { source: source.clone(), name: n.to_string(), dtype: kiln_runtime::DType::F32, shape: None })
+            .collect();
+        if let Ok(meta) = block_on(loader.get_metadata(&source)) {
+            specs.extend(meta.tensors.iter().map(|t| TensorSpec {
+                source: source.clone(),
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: Some(t.shape.clone()),
+            }));
+        }
+        for s in &specs {
+            if let Ok(t) = block_on(loader.load_tensor(s)) {
+                let _ = t.to_host();
+            }
+        }
+        let _ = block_on(loader.load_tensors(&specs));
+    }
+}
+
+const CONFIG_SEED: &str = r#"{"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 60,
+ "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32,
+ "max_position_embeddings": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+ "hidden_act": "gelu", "position_embedding_type": "absolute"}"#;
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Parse, check and build: a config that parses must build a graph or give an error.
+    #[test]
+    fn config_parser_and_builder(ms in mutations()) {
+        let b = apply(CONFIG_SEED.as_bytes(), &ms);
+        if let Ok(cfg) = BertConfig::from_json(&String::from_utf8_lossy(&b)) {
+            let _ = build_bert(&cfg, "", BertOutputs { embeddings: true, last_hidden_state: true });
+        }
+    }
+}
+
+/// Field values: small ones and ones that break arithmetic.
+fn dim() -> impl Strategy<Value = usize> {
+    prop_oneof![0usize..40, Just(1usize << 20), Just(1usize << 40), Just(usize::MAX), Just(usize::MAX / 2 + 1)]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The builder on configs made field by field (the parser's checks run inside it too).
+    #[test]
+    fn bert_builder(
+        vocab in dim(), hidden in dim(), layers in prop_oneof![0usize..4, Just(5000usize), Just(usize::MAX)],
+        heads in dim(), ffn in dim(), pos in dim(), types in dim(),
+        eps in prop_oneof![Just(1e-12), Just(0.0), Just(-1.0), Just(f64::NAN), Just(f64::INFINITY)],
+        act in prop_oneof![Just("gelu"), Just("gelu_new"), Just("relu"), Just("silu"), Just("mish")],
+    ) {
+        let cfg = BertConfig {
+            vocab_size: vocab, hidden_size: hidden, num_hidden_layers: layers, num_attention_heads: heads,
+            intermediate_size: ffn, max_position_embeddings: pos, type_vocab_size: types, layer_norm_eps: eps,
+            hidden_act: act.into(), position_embedding_type: "absolute".into(), model_type: None,
+        };
+        let _ = build_bert(&cfg, "", BertOutputs::default());
+    }
+
+    #[test]
+    fn bucket_parser(s in "[0-9x ,+-]{0,24}", ms in mutations()) {
+        for text in [s.clone(), String::from_utf8_lossy(&apply(b"8x128", &ms)).into_owned()] {
+            if let Ok(b) = Bucket::parse(&text) {
+                // What parses prints back to itself.
+                prop_assert_eq!(Bucket::parse(&b.to_string()).unwrap(), b);
+            }
+        }
+    }
+}
