@@ -169,12 +169,13 @@ fn run(cli: Cli) -> Result<()> {
             let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
             let mut plans = Vec::new();
-            let artifact_target = output.as_ref().map(|_| ArtifactTarget::parse(&target)).transpose()?;
+            let artifact_target = output.as_ref().map(|_| kiln_compiler::target::parse_target(&target)).transpose()?;
             for (i, &b) in buckets.iter().enumerate() {
                 eprintln!("[{}/{}] compiling bucket {b}", i + 1, buckets.len());
                 if let Some(stage) = &dump_after {
                     print!("{}", pipeline::dump_after(&m.graph, b, stage)?);
                 }
+                // The middle end runs once per bucket; the report and the code come from it.
                 let t = std::time::Instant::now();
                 let lowered = pipeline::run_pipeline(&m.graph, b)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -191,9 +192,8 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 if let Some(t) = &artifact_target {
                     let start = std::time::Instant::now();
-                    let p = t.compile(&m.graph, b)?;
+                    plans.push((b, t.compile(&m.graph, &lowered)?));
                     eprintln!("      code generated in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
-                    plans.push((b, p));
                 }
             }
             if let (Some(out), Some(t)) = (output, artifact_target) {
@@ -445,49 +445,6 @@ fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<
         }
     }
     Ok(())
-}
-
-/// What `kiln compile -o` writes code for.
-enum ArtifactTarget {
-    Cpu(kiln_compiler::backends::cpu::CpuBackend),
-    Cuda(kiln_compiler::codegen::cuda::CudaTarget),
-}
-
-impl ArtifactTarget {
-    fn parse(s: &str) -> Result<Self> {
-        use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
-        use kiln_compiler::codegen::cpu::CpuTarget;
-        let cpu = |target| CpuBackend::with_options(CpuOptions { target, ..Default::default() }).map(ArtifactTarget::Cpu);
-        match s {
-            "cpu" | "x86-64-v3" => cpu(CpuTarget::x86_64_v3()),
-            "cpu-native" => cpu(CpuTarget::Host),
-            _ => match s.strip_prefix("cuda:") {
-                Some(arch) => Ok(ArtifactTarget::Cuda(kiln_compiler::codegen::cuda::CudaTarget::new(arch)?)),
-                None => Err(Error::Unsupported(format!("unknown target `{s}` (cpu, cpu-native, cuda:sm_XY)"))),
-            },
-        }
-    }
-
-    fn compile(&self, graph: &kiln_runtime::Graph, b: Bucket) -> Result<kiln_runtime::artifact::PlanPayload> {
-        use kiln_runtime::artifact::PlanPayload;
-        match self {
-            ArtifactTarget::Cpu(be) => Ok(PlanPayload::Cpu(be.compile(graph, b, false)?.0.image)),
-            ArtifactTarget::Cuda(t) => {
-                let c = kiln_compiler::codegen::cuda::compile_graph(graph, b, t)?;
-                let bytes = bincode::serde::encode_to_vec(&c.spec, bincode::config::standard())
-                    .map_err(|e| Error::Backend(format!("cannot encode the GPU plan: {e}")))?;
-                Ok(PlanPayload::Cuda(bytes))
-            }
-        }
-    }
-
-    fn artifact_target(&self) -> kiln_runtime::artifact::Target {
-        use kiln_runtime::artifact::Target;
-        match self {
-            ArtifactTarget::Cpu(be) => Target::CpuX86_64 { features: be.isa().features.clone() },
-            ArtifactTarget::Cuda(t) => Target::Cuda { major: t.sm / 10, minor: t.sm % 10 },
-        }
-    }
 }
 
 /// Embeds through precompiled plans only: the artifact's own graph, buckets as in the

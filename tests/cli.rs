@@ -123,7 +123,7 @@ fn embed_gpu_plan_without_driver(plan: &str, model: &str) -> bool {
 #[test]
 fn cuda_artifact_compiles_and_inspects() {
     let Some(dir) = model_dir() else { return };
-    if !kiln_compiler::testing::nvrtc_or_skip() {
+    if !kiln_testkit::random::nvrtc_or_skip() {
         return;
     }
     let d = dir.to_str().unwrap();

@@ -8,7 +8,8 @@
 //! ```
 //! and in the crate: `static PLAN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/minilm.kiln"));`,
 //! run with `kiln_runtime::cpu::PrecompiledCpu` (the crate then depends at run time only on
-//! `kiln-runtime`).
+//! `kiln-runtime`). With `target: "cuda:sm_90".into()` the artifact holds GPU plans instead, for
+//! `kiln_runtime::cuda::PrecompiledCuda`.
 //!
 //! The graph comes from a model config, not from weights: plans are compiled without the
 //! checkpoint, and the artifact's fingerprint ties them to any checkpoint with the same
@@ -18,8 +19,6 @@ use std::path::{Path, PathBuf};
 
 use kiln_runtime::{Bucket, Error, Graph, Result};
 
-use crate::backends::cpu::{CpuBackend, CpuOptions};
-use crate::codegen::cpu::CpuTarget;
 use crate::models::bert::{build_bert, BertConfig, BertOutputs};
 
 /// What to precompile.
@@ -27,10 +26,11 @@ use crate::models::bert::{build_bert, BertConfig, BertOutputs};
 pub struct Precompile {
     pub graph: Graph,
     pub buckets: Vec<Bucket>,
-    /// The machines the plans are for. Default: x86-64-v3 (AVX2 + FMA), the portable target
-    /// kiln's kernels are tuned for; use `CpuTarget::Host` only when the build machine is the
-    /// machine that runs the plans.
-    pub target: CpuTarget,
+    /// The machines the plans are for, as `kiln compile --target` names them. Default `cpu`:
+    /// x86-64-v3 (AVX2 + FMA), the portable target kiln's kernels are tuned for; `cpu-native`
+    /// only when the build machine is the machine that runs the plans; `cuda:sm_XY` for GPU
+    /// plans (NVRTC on the build machine, no GPU needed).
+    pub target: String,
 }
 
 impl Precompile {
@@ -42,7 +42,7 @@ impl Precompile {
         Precompile {
             graph,
             buckets: buckets.iter().map(|b| Bucket::parse(b).expect("bucket literal like 8x128")).collect(),
-            target: CpuTarget::x86_64_v3(),
+            target: "cpu".into(),
         }
     }
 
@@ -52,7 +52,7 @@ impl Precompile {
         Ok(Precompile {
             graph: build_bert(&cfg, prefix, BertOutputs::default())?,
             buckets: buckets.to_vec(),
-            target: CpuTarget::x86_64_v3(),
+            target: "cpu".into(),
         })
     }
 }
@@ -60,9 +60,9 @@ impl Precompile {
 /// Compiles every bucket and writes one artifact to `out`. Prints one line per bucket to stderr
 /// (cargo shows build-script output with `-vv`).
 pub fn precompile(p: &Precompile, out: &Path) -> Result<PathBuf> {
-    let backend = CpuBackend::with_options(CpuOptions { target: p.target.clone(), ..Default::default() })?;
+    let target = crate::target::parse_target(&p.target)?;
     let t = std::time::Instant::now();
-    let artifact = backend.build_artifact(&p.graph, &p.buckets)?;
+    let artifact = crate::target::build_artifact(&p.graph, &p.buckets, &*target, &mut |_| Ok(()))?;
     let bytes = artifact.to_bytes();
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, &e))?;

@@ -4,7 +4,7 @@
 
 use kiln_compiler::backends::cpu::CpuBackend;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-use kiln_compiler::testing::{random_inputs, random_weights, Rng};
+use kiln_testkit::random::{random_inputs, random_weights, Rng};
 use kiln_runtime::artifact::Artifact;
 use kiln_runtime::cpu::{PrecompiledCpu, Threads, WeightPrep};
 use kiln_runtime::{Backend, Batch, Bucket, Error, Outputs};

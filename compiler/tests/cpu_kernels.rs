@@ -6,9 +6,9 @@
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
 use kiln_compiler::backends::reference::interpret;
 use kiln_compiler::codegen::cpu::CpuTarget;
-use kiln_compiler::golden::check_golden;
+use kiln_testkit::golden::check_golden;
 use kiln_compiler::ir::GraphBuilder;
-use kiln_compiler::testing::{random_inputs, random_weights, Rng};
+use kiln_testkit::random::{random_inputs, random_weights, Rng};
 use kiln_runtime::cpu::Threads;
 use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
 use kiln_runtime::{Backend, Batch, Bucket, DType, Dim, Graph, InputRole, Outputs};

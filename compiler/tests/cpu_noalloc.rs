@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
 use kiln_compiler::backends::reference::interpret;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-use kiln_compiler::testing::{compare, random_inputs, random_weights, Rng};
+use kiln_testkit::random::{compare, random_inputs, random_weights, Rng};
 use kiln_runtime::cpu::Threads;
 use kiln_runtime::{Backend, Batch, Bucket, Outputs};
 

@@ -20,7 +20,6 @@ use kiln_compiler::backends::cuda::CudaBackend;
 use kiln_compiler::backends::reference::interpret;
 use kiln_compiler::codegen::cuda::{compile_graph, CudaTarget};
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-use kiln_runtime::cuda::CudaPlanSpec;
 use kiln_runtime::{
     load_graph_weights, Backend, Batch, Bucket, Engine, Graph, HostTensor, LowerPolicy, Outputs, SafetensorsLoader, TensorData,
 };
@@ -216,8 +215,8 @@ fn plan_serializes_and_reloads() {
     let b = Bucket::new(2, 16);
     // Compiled ahead of time for this device's architecture, as a build machine would.
     let spec = compile_graph(&g, b, &CudaTarget::new(&be.device().arch()).unwrap()).unwrap().spec;
-    let bytes = bincode::serde::encode_to_vec(&spec, bincode::config::standard()).unwrap();
-    let (back, _): (CudaPlanSpec, usize) = bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+    let bytes = kiln_runtime::cuda::encode_plan(&spec);
+    let back = kiln_runtime::cuda::decode_plan(b, &bytes).unwrap();
     assert_eq!(back, spec);
     let dev = be.device().clone();
     let weights = dev.upload_weights(&w).unwrap();
@@ -250,7 +249,7 @@ fn artifact_runs_through_precompiled_cuda() {
     for arch in archs {
         let (major, minor) = parse_arch(&arch).unwrap();
         let spec = compile_graph(&g, b, &CudaTarget::new(&arch).unwrap()).unwrap().spec;
-        let payload = bincode::serde::encode_to_vec(&spec, bincode::config::standard()).unwrap();
+        let payload = kiln_runtime::cuda::encode_plan(&spec);
         let a = Artifact::new(&g, Target::Cuda { major, minor }, vec![(b, PlanPayload::Cuda(payload))]);
         let a = Artifact::from_bytes(&a.to_bytes()).unwrap();
         let pre = PrecompiledCuda::new(a).unwrap();

@@ -5,7 +5,7 @@
 //! machines without a GPU. Skipped, with the reason printed, where no host C++ compiler exists.
 
 use kiln_compiler::backends::reference::interpret;
-use kiln_compiler::codegen::cuda::emu::{host_compiler, EmuModule};
+use kiln_testkit::cuda_emu::{host_compiler, EmuModule};
 use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget};
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};

@@ -3,7 +3,7 @@
 //! programs also compile with NVRTC where the library is present.
 
 use kiln_compiler::codegen::cuda::{emit_program, nvrtc, CudaTarget, Placement};
-use kiln_compiler::golden::check_golden;
+use kiln_testkit::golden::check_golden;
 use kiln_compiler::kernel_ir::*;
 use kiln_runtime::graph::{BinaryOp, Bucket, ReduceOp, UnaryOp};
 use kiln_runtime::DType;

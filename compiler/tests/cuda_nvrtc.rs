@@ -11,7 +11,7 @@ use kiln_compiler::codegen::cuda::nvrtc::{compile_ptx, find_ptxas, nvrtc_version
 use kiln_compiler::codegen::cuda::{compile_graph, CudaTarget};
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-use kiln_compiler::testing::nvrtc_or_skip;
+use kiln_testkit::random::nvrtc_or_skip;
 use kiln_runtime::cuda::ptx_entries;
 use kiln_runtime::graph::{Dim, InputRole};
 use kiln_runtime::{Bucket, DType, Error, Graph};
@@ -91,4 +91,31 @@ fn nvrtc_errors_are_typed_with_the_log() {
         other => panic!("expected a backend error, got {other:?}"),
     }
     assert!(compile_ptx("", "gfx90a", "x").is_err());
+}
+
+/// `build::precompile` builds GPU artifacts through the same target seam as `kiln compile`:
+/// the header names the architecture and every bucket's plan decodes and validates.
+#[test]
+fn precompile_builds_gpu_artifacts() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    use kiln_compiler::build::{precompile, Precompile};
+    use kiln_runtime::artifact::{Artifact, Target};
+    let dir = std::env::temp_dir().join(format!("kiln-precompile-gpu-{}", std::process::id()));
+    let out = dir.join("tiny.kiln");
+    let spec = Precompile {
+        graph: build_bert(&BertConfig::tiny(), "", BertOutputs::default()).unwrap(),
+        buckets: vec![Bucket::new(1, 8), Bucket::new(2, 16)],
+        target: "cuda:sm_80".into(),
+    };
+    precompile(&spec, &out).unwrap();
+    let a = Artifact::from_file(&out).unwrap();
+    assert_eq!(a.header.target, Target::Cuda { major: 8, minor: 0 });
+    for &b in &spec.buckets {
+        let plan = kiln_runtime::cuda::plan_from_artifact(&a, b).unwrap();
+        assert_eq!(plan.arch, "sm_80");
+        assert!(!plan.ptx.is_empty());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

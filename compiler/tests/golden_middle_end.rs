@@ -3,7 +3,7 @@
 //! (`tests/golden/memory_plan`) for small graphs and MiniLM's first layer (synthetic-weights
 //! shape: the structure does not depend on weight values). `BLESS=1` rewrites them.
 
-use kiln_compiler::golden::check_golden;
+use kiln_testkit::golden::check_golden;
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_compiler::pipeline::{dump_after, run_pipeline};

@@ -3,12 +3,12 @@
 //! checks, and kernel-level execution against the reference interpreter.
 
 use kiln_compiler::backends::reference::interpret;
-use kiln_compiler::kernel_eval::run_program;
+use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::kernel_ir::{KernelOp, WeightLayout};
 use kiln_compiler::memory_plan::check_plan;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_compiler::pipeline::{compile_report, run_pipeline};
-use kiln_compiler::testing::{compare, random_inputs, random_weights, Rng};
+use kiln_testkit::random::{compare, random_inputs, random_weights, Rng};
 use kiln_runtime::{Bucket, Graph};
 
 fn minilm(layers: usize, outputs: BertOutputs) -> Graph {

@@ -4,12 +4,12 @@
 use kiln_compiler::backends::reference::interpret;
 use kiln_compiler::fuse::fuse;
 use kiln_compiler::ir::GraphBuilder;
-use kiln_compiler::kernel_eval::run_program;
+use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::kernel_ir::{KernelOp, WeightLayout};
 use kiln_compiler::memory_plan::{check_plan, plan_memory};
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_compiler::pipeline::{dump_after, run_pipeline, STAGES};
-use kiln_compiler::testing::{compare, random_case};
+use kiln_testkit::random::{compare, random_case};
 use kiln_runtime::graph::{Dim, Op};
 use kiln_runtime::{Bucket, DType, Error, Graph, InputRole};
 

@@ -7,10 +7,10 @@
 //! (to explore new seeds across runs; CI keeps the fixed default list).
 
 use kiln_compiler::backends::reference::interpret;
-use kiln_compiler::kernel_eval::run_program;
+use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::memory_plan::check_plan;
 use kiln_compiler::pipeline::run_pipeline;
-use kiln_compiler::testing::{compare, random_case};
+use kiln_testkit::random::{compare, random_case};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -7,13 +7,13 @@
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
 use kiln_compiler::backends::reference::interpret;
 use kiln_compiler::codegen::cpu::CpuTarget;
-use kiln_compiler::codegen::cuda::emu::{host_compiler, EmuModule};
+use kiln_testkit::cuda_emu::{host_compiler, EmuModule};
 use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget};
 use kiln_compiler::ir::GraphBuilder;
-use kiln_compiler::kernel_eval::run_program;
+use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::ops;
 use kiln_compiler::pipeline::run_pipeline;
-use kiln_compiler::testing::{random_case, Rng};
+use kiln_testkit::random::{random_case, Rng};
 use kiln_runtime::cpu::Threads;
 use kiln_runtime::{Backend, Batch, Bucket, DType, Dim, Graph, HostTensor, InputRole, Outputs, TensorData};
 

@@ -337,6 +337,12 @@ pub fn check_device_for_artifact(artifact: &Artifact, device: (u32, u32)) -> Res
     select_code(&sm_name(arch), false, device).map(|_| ())
 }
 
+/// Encodes a GPU plan as an artifact's payload (bincode 2, standard config): the one encoder,
+/// the inverse of [`decode_plan`].
+pub fn encode_plan(spec: &CudaPlanSpec) -> Vec<u8> {
+    bincode::serde::encode_to_vec(spec, bincode::config::standard()).expect("encoding a plan into a Vec cannot fail")
+}
+
 /// Decodes one bucket's GPU plan payload (bincode 2, standard config: what `kiln compile
 /// --target cuda:sm_XY` writes) and validates it. Undecodable bytes, trailing bytes, a plan for
 /// another bucket, or a plan that fails [`CudaPlanSpec::validate`] are [`Error::Artifact`]s

@@ -44,7 +44,7 @@ fn spec(bucket: Bucket, arch: &str, cubin: Option<Vec<u8>>) -> CudaPlanSpec {
 }
 
 fn encode(s: &CudaPlanSpec) -> Vec<u8> {
-    bincode::serde::encode_to_vec(s, bincode::config::standard()).unwrap()
+    kiln_runtime::cuda::encode_plan(s)
 }
 
 const B1: Bucket = Bucket { batch: 1, seq: 1 };

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
+use kiln_runtime::artifact::Artifact;
 use kiln_runtime::backend::{check_weights, Backend, Batch, Caps, Outputs};
 use kiln_runtime::cpu::{cpu_caps, CpuContext, CpuPlan, CpuPlanImage, CpuWeights, Threads};
 use kiln_runtime::graph::{Bucket, Graph};
@@ -108,12 +108,8 @@ impl CpuBackend {
 
     /// Compiles `buckets` into an artifact for this backend's target.
     pub fn build_artifact(&self, graph: &Graph, buckets: &[Bucket]) -> Result<Artifact> {
-        let mut plans = Vec::new();
-        for &b in buckets {
-            let (c, _) = self.compile(graph, b, false)?;
-            plans.push((b, PlanPayload::Cpu(c.image)));
-        }
-        Ok(Artifact::new(graph, Target::CpuX86_64 { features: self.isa.features.clone() }, plans))
+        let target = crate::target::Cpu::with_isa(self.isa.clone(), self.codegen_options(false));
+        crate::target::build_artifact(graph, buckets, &target, &mut |_| Ok(()))
     }
 }
 

@@ -16,7 +16,6 @@
 //! kernels are tested on machines without a GPU.
 
 pub mod emit;
-pub mod emu;
 mod expr;
 pub mod nvrtc;
 pub mod template;
@@ -131,28 +130,32 @@ pub struct EmittedPlan {
     pub spec: CudaPlanSpec,
 }
 
+/// The GPU placement of a lowered bucket (the memory plan's offsets).
+pub fn placement(lowered: &crate::pipeline::Lowered) -> Result<Placement> {
+    let offsets: Vec<Option<u64>> = lowered.plan.offsets.iter().map(|o| o.map(|x| x as u64)).collect();
+    Placement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)
+}
+
 /// Runs the middle-end for `bucket` and emits CUDA C for `target`.
 pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<EmittedPlan> {
     let lowered = crate::pipeline::run_pipeline(graph, bucket)?;
-    let offsets: Vec<Option<u64>> = lowered.plan.offsets.iter().map(|o| o.map(|x| x as u64)).collect();
-    let place = Placement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)?;
+    let place = placement(&lowered)?;
     let module = emit_program(&lowered.program, &place, target)?;
     let spec = plan_skeleton(&lowered.program, &place, &module, weight_slots(graph))?;
     Ok(EmittedPlan { lowered, place, module, spec })
 }
 
-/// Lowers `graph` for `bucket` all the way to a serializable GPU plan for `target` (NVRTC
-/// PTX, plus a cubin where ptxas is installed). Needs NVRTC, not a GPU: this is also how GPU
-/// plans are compiled ahead of time on a build machine.
+/// Compiles a bucket the middle end has lowered into a serializable GPU plan for `target`
+/// (NVRTC PTX, plus a cubin where ptxas is installed). Needs NVRTC, not a GPU.
+pub fn compile_lowered(graph: &Graph, lowered: &crate::pipeline::Lowered, target: &CudaTarget) -> Result<CompiledCuda> {
+    nvrtc::require_nvrtc()?;
+    compile_program(&lowered.program, &placement(lowered)?, target, weight_slots(graph))
+}
+
+/// Lowers `graph` for `bucket` all the way to a serializable GPU plan for `target`: the
+/// middle end, then [`compile_lowered`]. This is also how GPU plans are compiled ahead of time
+/// on a build machine.
 pub fn compile_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<CompiledCuda> {
     nvrtc::require_nvrtc()?;
-    let e = emit_graph(graph, bucket, target)?;
-    let mut spec = e.spec;
-    spec.ptx = nvrtc::compile_ptx(&e.module.source, &target.arch, &format!("kiln_{bucket}"))?;
-    spec.cubin = match nvrtc::ptxas_cubin(&spec.ptx, &target.arch) {
-        Some(Ok(c)) => Some(c),
-        _ => None,
-    };
-    spec.validate()?;
-    Ok(CompiledCuda { module: e.module, spec })
+    compile_lowered(graph, &crate::pipeline::run_pipeline(graph, bucket)?, target)
 }

@@ -14,8 +14,8 @@
 use kiln_runtime::graph::{broadcast_shapes, BinaryOp, Bucket, Dim, Graph, InputRole, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::{DType, HostTensor, Result, TensorData};
 
-use crate::ops::unary::Domain;
-use crate::ir::GraphBuilder;
+use kiln_compiler::ops::unary::Domain;
+use kiln_compiler::ir::GraphBuilder;
 
 /// SplitMix64: small, seedable, good enough for test data.
 #[derive(Debug, Clone)]
@@ -235,8 +235,8 @@ impl Gen<'_> {
     }
 
     fn unary(&mut self, v: ValueId) -> Result<ValueId> {
-        let op = self.rng.pick(&crate::ops::unary::ALL);
-        match crate::ops::unary::domain(op) {
+        let op = self.rng.pick(&kiln_compiler::ops::unary::ALL);
+        match kiln_compiler::ops::unary::domain(op) {
             Domain::Bounded => {
                 let t = self.b.tanh(v)?;
                 self.b.unary(op, t)
@@ -671,7 +671,7 @@ pub fn random_graph(rng: &mut Rng) -> Result<Graph> {
 /// printed reason) when it cannot, except under `KILN_REQUIRE_NVRTC=1` (set by scripts/test.sh
 /// after installing NVRTC, so in CI), where a missing NVRTC panics: those tests must run there.
 pub fn nvrtc_or_skip() -> bool {
-    use crate::codegen::cuda::nvrtc::{missing_nvrtc_error, nvrtc_present};
+    use kiln_compiler::codegen::cuda::nvrtc::{missing_nvrtc_error, nvrtc_present};
     if nvrtc_present() {
         return true;
     }

@@ -14,9 +14,9 @@ use half::{bf16, f16};
 use kiln_runtime::graph::{BinaryOp, ReduceOp, UnaryOp};
 use kiln_runtime::{DType, Error, HostTensor, Result, TensorData};
 
-use crate::ops;
-use crate::kernel_ir::*;
-use crate::memory_plan::MemoryPlan;
+use kiln_compiler::ops;
+use kiln_compiler::kernel_ir::*;
+use kiln_compiler::memory_plan::MemoryPlan;
 
 #[derive(Clone, Copy)]
 enum Loc {

@@ -18,8 +18,8 @@ use std::process::Command;
 use kiln_runtime::cuda::{tensor_bytes, tensor_bytes_mut, CudaPlanSpec, KernelArg};
 use kiln_runtime::{Error, HostTensor, Result};
 
-use super::emit::EmittedModule;
-use super::template::EMU_H;
+use kiln_compiler::codegen::cuda::emit::EmittedModule;
+use kiln_compiler::codegen::cuda::template::EMU_H;
 
 /// The host C++ compiler, if one that accepts `-std=c++20` is on `PATH` (`CXX` overrides).
 pub fn host_compiler() -> Option<PathBuf> {
