@@ -143,25 +143,7 @@ impl Batch {
 
 /// Copies `t` into a zero tensor of shape `to` (every dim of `to` >= that of `t`).
 pub fn pad_tensor(t: &HostTensor, to: &[usize]) -> HostTensor {
-    if t.shape == to {
-        return t.clone();
-    }
-    let src = t.data.to_f64_vec();
-    let mut dst = vec![0f64; to.iter().product()];
-    copy_block(&src, &t.shape, &mut dst, to, 0, 0, 0);
-    HostTensor { shape: to.to_vec(), data: TensorData::from_f64(t.dtype(), &dst) }
-}
-
-fn copy_block(src: &[f64], ss: &[usize], dst: &mut [f64], ds: &[usize], d: usize, so: usize, doff: usize) {
-    if d == ss.len() {
-        dst[doff] = src[so];
-        return;
-    }
-    let sstride: usize = ss[d + 1..].iter().product();
-    let dstride: usize = ds[d + 1..].iter().product();
-    for i in 0..ss[d] {
-        copy_block(src, ss, dst, ds, d + 1, so + i * sstride, doff + i * dstride);
-    }
+    t.resized(to)
 }
 
 /// Outputs of one run, one tensor per [`Graph::outputs`] entry, at the bucket's full size.

@@ -148,6 +148,21 @@ impl TensorData {
     }
 }
 
+/// Copies the region `src` (shape `ss`) and `dst` (shape `ds`) share, from dim `d` on at
+/// offsets `so`/`doff`; innermost rows as slices.
+fn copy_region<T: Copy>(src: &[T], ss: &[usize], dst: &mut [T], ds: &[usize], d: usize, so: usize, doff: usize) {
+    if d + 1 >= ss.len() {
+        let n = if ss.is_empty() { 1 } else { ss[d].min(ds[d]) };
+        dst[doff..doff + n].copy_from_slice(&src[so..so + n]);
+        return;
+    }
+    let sstride: usize = ss[d + 1..].iter().product();
+    let dstride: usize = ds[d + 1..].iter().product();
+    for i in 0..ss[d].min(ds[d]) {
+        copy_region(src, ss, dst, ds, d + 1, so + i * sstride, doff + i * dstride);
+    }
+}
+
 /// A tensor in host memory: checkpoint weights, batch inputs, outputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostTensor {
@@ -178,6 +193,31 @@ impl HostTensor {
     }
     pub fn dtype(&self) -> DType {
         self.data.dtype()
+    }
+    /// This tensor in shape `to` (same rank): the region both shapes share is copied, bit for
+    /// bit in its own dtype; the rest is zero. Pads (every dim of `to` larger) and trims (every
+    /// dim smaller) alike: the engine's padding of inputs and trimming of outputs.
+    pub fn resized(&self, to: &[usize]) -> HostTensor {
+        assert_eq!(to.len(), self.shape.len(), "resized keeps the rank");
+        if to == self.shape {
+            return self.clone();
+        }
+        fn go<T: Copy>(src: &[T], ss: &[usize], ds: &[usize], zero: T) -> Vec<T> {
+            let mut dst = vec![zero; ds.iter().product()];
+            if !dst.is_empty() && !src.is_empty() {
+                copy_region(src, ss, &mut dst, ds, 0, 0, 0);
+            }
+            dst
+        }
+        let (ss, ds) = (&self.shape[..], to);
+        let data = match &self.data {
+            TensorData::F32(v) => TensorData::F32(go(v, ss, ds, 0.0)),
+            TensorData::F16(v) => TensorData::F16(go(v, ss, ds, f16::ZERO)),
+            TensorData::BF16(v) => TensorData::BF16(go(v, ss, ds, bf16::ZERO)),
+            TensorData::I64(v) => TensorData::I64(go(v, ss, ds, 0)),
+            TensorData::I32(v) => TensorData::I32(go(v, ss, ds, 0)),
+        };
+        HostTensor { shape: to.to_vec(), data }
     }
     pub fn numel(&self) -> usize {
         self.data.len()

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{Backend, Batch, Outputs};
-use crate::dtype::{HostTensor, TensorData};
+use crate::dtype::HostTensor;
 use crate::error::{Error, Result};
 use crate::graph::{Bucket, Dim, Graph};
 
@@ -190,24 +190,7 @@ fn trim(t: &HostTensor, dims: &[Dim], rows: usize, tokens: usize) -> HostTensor 
             Dim::Fixed(_) => n,
         })
         .collect();
-    if to == t.shape {
-        return t.clone();
-    }
-    let src = t.data.to_f64_vec();
-    let mut dst = Vec::with_capacity(to.iter().product());
-    gather_block(&src, &t.shape, &to, 0, 0, &mut dst);
-    HostTensor { shape: to, data: TensorData::from_f64(t.dtype(), &dst) }
-}
-
-fn gather_block(src: &[f64], ss: &[usize], to: &[usize], d: usize, off: usize, dst: &mut Vec<f64>) {
-    if d == ss.len() {
-        dst.push(src[off]);
-        return;
-    }
-    let stride: usize = ss[d + 1..].iter().product();
-    for i in 0..to[d] {
-        gather_block(src, ss, to, d + 1, off + i * stride, dst);
-    }
+    t.resized(&to)
 }
 
 /// Engines are shared across threads behind an `Arc`.
