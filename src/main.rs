@@ -390,7 +390,7 @@ fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
     let size = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
     println!("file: {} ({size} bytes)", path.display());
-    println!("format version: {FORMAT_VERSION}");
+    println!("format: {FORMAT_VERSION:08x} (hash of the serialized types, runtime/build.rs)");
     println!("kiln version: {}", a.header.kiln_version);
     println!("target: {}", a.header.target);
     println!("graph fingerprint: {}", hex(&a.header.fingerprint));

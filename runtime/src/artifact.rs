@@ -28,8 +28,17 @@ use crate::graph::{Bucket, Graph};
 use crate::trust::{self, TrustPolicy, SIG_BLOCK_LEN};
 
 pub const MAGIC: &[u8; 8] = b"KILNPLAN";
-/// Bumped whenever the layout or the body types change (2: the optional signature trailer).
-pub const FORMAT_VERSION: u32 = 2;
+include!(concat!(env!("OUT_DIR"), "/schema.rs"));
+
+/// The container's own layout (magic, lengths, checksum, trailer), bumped by hand when it
+/// changes (2: the optional signature trailer).
+const LAYOUT_REVISION: u32 = 2;
+
+/// The format version: the hash of every serialized type's definition (`build.rs`) with the
+/// layout revision mixed in. Not ordered: two builds read each other's artifacts exactly when
+/// their versions are equal.
+pub const FORMAT_VERSION: u32 =
+    u32::from_le_bytes([SCHEMA_HASH[0], SCHEMA_HASH[1], SCHEMA_HASH[2], SCHEMA_HASH[3]]) ^ LAYOUT_REVISION;
 const FIXED_HEAD: usize = 8 + 4 + 4;
 const CHECKSUM_LEN: usize = 32;
 
@@ -105,6 +114,21 @@ pub fn fingerprint(graph: &Graph) -> [u8; 32] {
 
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whether kiln `a` and `b` are semver-compatible: the same major version, or for 0.x the same
+/// minor. (The format version already pins the layout; this pins the meaning of the code, such as
+/// the kernels it calls, across releases.)
+fn semver_compatible(a: &str, b: &str) -> bool {
+    let parts = |v: &str| -> Option<(u64, u64)> {
+        let mut it = v.split(['.', '-', '+']);
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    };
+    match (parts(a), parts(b)) {
+        (Some((0, x)), Some((0, y))) => x == y,
+        (Some((x, _)), Some((y, _))) => x == y,
+        _ => false,
+    }
 }
 
 fn reject<T>(message: impl Into<String>) -> Result<T> {
@@ -232,17 +256,15 @@ impl Artifact {
         // corruption, not "a newer kiln".
         if version != FORMAT_VERSION && !intact {
             return reject(format!(
-                "corrupt, or from an incompatible kiln: format version {version} (this runtime reads {FORMAT_VERSION}) \
+                "corrupt, or from an incompatible kiln: format {version:08x} (this runtime reads {FORMAT_VERSION:08x}) \
                  and the lengths or checksum do not match"
             ));
         }
-        if version > FORMAT_VERSION {
+        if version != FORMAT_VERSION {
             return reject(format!(
-                "format version {version} was written by a newer kiln; this runtime reads version {FORMAT_VERSION}"
+                "format {version:08x} was written by another kiln build (this runtime reads format {FORMAT_VERSION:08x}): \
+                 recompile the plan with this kiln"
             ));
-        }
-        if version < FORMAT_VERSION {
-            return reject(format!("format version {version} is older than {FORMAT_VERSION}: recompile the plan"));
         }
         let Some(sum_end) = sum_end else { return reject("the header and body lengths do not match the file size") };
         if !intact {
@@ -257,6 +279,13 @@ impl Artifact {
                 .map_err(|e| Error::Artifact { message: format!("bad header: {e}") })?;
         if used != header_len {
             return reject("header has trailing bytes");
+        }
+        let ours = env!("CARGO_PKG_VERSION");
+        if !semver_compatible(&header.kiln_version, ours) {
+            return reject(format!(
+                "written by kiln {}, which this runtime (kiln {ours}) does not run: recompile the plan",
+                header.kiln_version
+            ));
         }
         let body_len = u64::from_le_bytes(content[header_end..header_end + 8].try_into().unwrap()) as usize;
         let body_start = header_end + 8;

@@ -83,22 +83,22 @@ fn random_mutations_are_rejected_without_panicking() {
 }
 
 #[test]
-fn wrong_magic_and_newer_version_say_so() {
+fn wrong_magic_and_another_format_say_so() {
     let mut b = artifact(&[]).to_bytes();
     b[0] = b'X';
     let e = Artifact::from_bytes(&b).unwrap_err();
     assert!(e.to_string().contains("bad magic"), "{e}");
     let mut b = artifact(&[]).to_bytes();
-    b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-    // Without a matching checksum the version is not believed: corruption, not a newer kiln.
+    b[8..12].copy_from_slice(&(FORMAT_VERSION ^ 1).to_le_bytes());
+    // Without a matching checksum the version is not believed: corruption, not another kiln.
     let e = Artifact::from_bytes(&b).unwrap_err();
-    assert!(e.to_string().contains("corrupt") && !e.to_string().contains("newer"), "{e}");
-    // An intact file of a newer format.
+    assert!(e.to_string().contains("corrupt") && !e.to_string().contains("another kiln build"), "{e}");
+    // An intact file of another format.
     let n = b.len() - 32;
     let sum: [u8; 32] = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&b[..n])).into();
     b[n..].copy_from_slice(&sum);
     let e = Artifact::from_bytes(&b).unwrap_err();
-    assert!(e.to_string().contains("newer kiln"), "{e}");
+    assert!(e.to_string().contains("written by another kiln build"), "{e}");
 }
 
 #[test]
@@ -206,5 +206,19 @@ fn fingerprint_ignores_node_names_only() {
     w.weights[0].name = "v".into();
     for other in [op, out, w, graph(5)] {
         assert_ne!(fingerprint(&other), fp);
+    }
+}
+
+/// The kiln version in the header is checked: another release series is refused by name.
+#[test]
+fn another_kiln_release_is_refused() {
+    let mut a = artifact(&[]);
+    for (v, ok) in [(env!("CARGO_PKG_VERSION"), true), ("0.1.99", true), ("0.2.0", false), ("1.0.0", false), ("garbage", false)] {
+        a.header.kiln_version = v.into();
+        let r = Artifact::from_bytes(&a.to_bytes());
+        assert_eq!(r.is_ok(), ok, "{v}: {r:?}");
+        if !ok {
+            assert!(r.unwrap_err().to_string().contains(&format!("written by kiln {v}")));
+        }
     }
 }
