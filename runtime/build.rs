@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 const FILES: &[&str] = &[
     "src/artifact.rs",
     "src/backend.rs",
+    "src/bucket.rs",
     "src/cpu.rs",
     "src/cpu/weights.rs",
     "src/cuda.rs",

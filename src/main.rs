@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use kiln::fetch::{default_model_dir, fetch_minilm, is_complete};
 use kiln::model::{bench_token_ids, cosine, embed_ids, SentenceModel};
-use kiln_compiler::backends::reference::ReferenceBackend;
+use kiln_compiler::reference::ReferenceBackend;
 use kiln_compiler::models::bert::BertOutputs;
 use kiln_compiler::pipeline;
 use kiln_runtime::{Backend, Bucket, Engine, Error, LowerPolicy, Result};

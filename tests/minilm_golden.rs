@@ -10,7 +10,7 @@ mod common;
 
 use common::{check_backend, golden, ids, model_dir};
 use kiln::model::SentenceModel;
-use kiln_compiler::backends::reference::ReferenceBackend;
+use kiln_compiler::reference::ReferenceBackend;
 use kiln_compiler::models::bert::BertOutputs;
 
 #[test]

@@ -12,4 +12,5 @@ pub mod models;
 pub mod ops;
 pub mod passes;
 pub mod pipeline;
+pub mod reference;
 pub mod target;

@@ -4,7 +4,7 @@
 //! `BLESS=1` rewrites them).
 
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::codegen::cpu::CpuTarget;
 use kiln_testkit::golden::check_golden;
 use kiln_compiler::ir::GraphBuilder;

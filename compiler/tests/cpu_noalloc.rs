@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_testkit::random::{compare, random_inputs, random_weights, Rng};
 use kiln_runtime::cpu::Threads;

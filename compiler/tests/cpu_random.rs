@@ -6,7 +6,7 @@
 
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
 use kiln_compiler::codegen::cpu::CpuTarget;
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_testkit::random::{compare, random_case};
 use kiln_runtime::cpu::Threads;
 use kiln_runtime::{Backend, Batch, Outputs};

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kiln_compiler::backends::cuda::CudaBackend;
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::codegen::cuda::{compile_graph, CudaTarget};
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_runtime::{

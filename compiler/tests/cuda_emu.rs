@@ -4,7 +4,7 @@
 //! generated indexing, tiling, reductions, online softmax and fused epilogues are verified on
 //! machines without a GPU. Skipped, with the reason printed, where no host C++ compiler exists.
 
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_testkit::cuda_emu::{host_compiler, EmuModule};
 use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget};
 use kiln_compiler::ir::GraphBuilder;

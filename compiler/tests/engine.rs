@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kiln_compiler::backends::ReferenceBackend;
+use kiln_compiler::reference::ReferenceBackend;
 use kiln_compiler::ir::GraphBuilder;
 use kiln_runtime::{Backend, Batch, Bucket, DType, Dim, Engine, Error, Graph, HostTensor, InputRole, LowerPolicy};
 

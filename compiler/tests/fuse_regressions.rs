@@ -1,6 +1,6 @@
 //! Fusion regressions found by other stages.
 
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::pipeline::run_pipeline;
 use kiln_runtime::graph::{Dim, InputRole};

@@ -2,7 +2,7 @@
 //! structure does not depend on weight values): fusion counts, memory-plan quality and
 //! checks, and kernel-level execution against the reference interpreter.
 
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::kernel_ir::{KernelOp, WeightLayout};
 use kiln_compiler::memory_plan::check_plan;

@@ -1,7 +1,7 @@
 //! Unit-level tests of the middle-end stages: each pass's rewrites, fusion decisions, the
 //! memory-plan checker and the evaluator catching corrupted plans, errors for bad input.
 
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::fuse::fuse;
 use kiln_compiler::ir::GraphBuilder;
 use kiln_testkit::kernel_eval::run_program;

@@ -5,7 +5,7 @@
 //! scalar paths, AVX and SSE4.1-only) and the emitted CUDA C (host emulator).
 
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
-use kiln_compiler::backends::reference::interpret;
+use kiln_compiler::reference::interpret;
 use kiln_compiler::codegen::cpu::CpuTarget;
 use kiln_testkit::cuda_emu::{host_compiler, EmuModule};
 use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget};

@@ -1,7 +1,7 @@
 //! The reference backend, op by op, against small hand-computed values; then at the `Backend`
 //! trait level (bad batches and outputs are typed errors), and a MiniLM-sized timing run.
 
-use kiln_compiler::backends::{interpret, interpret_all, ReferenceBackend};
+use kiln_compiler::reference::{interpret, interpret_all, ReferenceBackend};
 use kiln_compiler::ir::GraphBuilder;
 use kiln_runtime::{Backend, Batch, Bucket, DType, Dim, Error, Graph, HostTensor, InputRole, Outputs, TensorData, UnaryOp};
 

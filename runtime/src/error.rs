@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::graph::Bucket;
+use crate::bucket::Bucket;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -9,20 +9,11 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use crate::bucket::Bucket;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// A fixed batch × sequence shape that a plan is compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Bucket {
-    pub batch: usize,
-    pub seq: usize,
-}
-
 impl Bucket {
-    pub const fn new(batch: usize, seq: usize) -> Self {
-        Bucket { batch, seq }
-    }
     /// Parses `8x128` (batch x seq).
     pub fn parse(s: &str) -> Result<Self> {
         let bad = || {
@@ -35,16 +26,6 @@ impl Bucket {
             return Err(bad());
         }
         Ok(Bucket { batch, seq })
-    }
-    /// Whether a batch of `rows` sequences of at most `tokens` tokens fits.
-    pub fn fits(&self, rows: usize, tokens: usize) -> bool {
-        rows <= self.batch && tokens <= self.seq
-    }
-}
-
-impl fmt::Display for Bucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}", self.batch, self.seq)
     }
 }
 

@@ -3,6 +3,7 @@
 //! no compiler (no Cranelift, no NVRTC): `cargo tree -p kiln-runtime` shows it.
 
 pub mod backend;
+pub mod bucket;
 pub mod artifact;
 pub mod cpu;
 /// GPU plans as data and their checks; the driver-API executor and `PrecompiledCuda` are behind

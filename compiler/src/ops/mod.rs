@@ -6,7 +6,7 @@
 //!
 //! | interpreter | `Prims` implementation | where |
 //! |---|---|---|
-//! | reference interpreter (the f64 oracle) | [`eval::F64`] | `backends/reference` |
+//! | reference interpreter (the f64 oracle) | [`eval::F64`] | `reference.rs` |
 //! | kernel-level evaluator (f32, the planned arena) | [`eval::F32`] | `kiln_testkit::kernel_eval` |
 //! | CPU code generation (Cranelift IR, f32 / f32x4) | `ClifPrims` | `codegen/cpu/expr.rs` |
 //! | CUDA C emission (and so the host emulator) | `CudaPrims` | `codegen/cuda/expr.rs` |

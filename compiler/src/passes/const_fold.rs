@@ -7,7 +7,7 @@ use kiln_runtime::graph::{Dim, Graph, Op};
 use kiln_runtime::{DType, Result};
 
 use super::{Pass, PassCtx, Rewriter};
-use crate::backends::reference;
+use crate::reference;
 
 pub struct ConstFold;
 
