@@ -100,7 +100,7 @@ fn class(op: &Op) -> Class {
 }
 
 fn internal(msg: impl Into<String>) -> Error {
-    Error::graph("<fuse>", msg)
+    Error::internal("fuse", msg)
 }
 
 fn swap_last_two(t: &TensorRef) -> TensorRef {

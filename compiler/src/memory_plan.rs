@@ -331,7 +331,7 @@ fn assign_offsets(storages: &[Storage]) -> Vec<usize> {
 /// no two buffers live at the same kernel share a byte unless they are a legal in-place pair
 /// (the output of kernel `t` over an input that dies at `t`). Lifetimes are recomputed here.
 pub fn check_plan(program: &KernelProgram, plan: &MemoryPlan) -> Result<()> {
-    let err = |m: String| Error::graph("<memory plan>", m);
+    let err = |m: String| Error::internal("memory plan", m);
     let lt = lifetimes(program);
     let mut ranges = Vec::new();
     for (b, l) in lt.iter().enumerate() {

@@ -211,7 +211,10 @@ fn misaligned_or_out_of_bounds_offsets_fail_the_checker() {
     assert!(check_plan(&l.program, &p).is_err());
     let mut p = l.plan.clone();
     p.offsets[b.index()] = None;
-    assert!(check_plan(&l.program, &p).is_err());
+    // A corrupted plan is a kiln bug, reported as one (not as a problem in the user's graph).
+    let e = check_plan(&l.program, &p).unwrap_err();
+    assert!(matches!(&e, kiln_runtime::Error::Internal { stage, .. } if stage == "memory plan"), "{e}");
+    assert!(e.to_string().starts_with("internal error in memory plan (a kiln bug"), "{e}");
     // The planner's own output passes, and re-planning is deterministic.
     check_plan(&l.program, &l.plan).unwrap();
     assert_eq!(plan_memory(&l.program).unwrap(), l.plan);

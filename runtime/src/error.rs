@@ -32,6 +32,9 @@ pub enum Error {
     Artifact { message: String },
     /// Any other backend failure (driver, code generation).
     Backend(String),
+    /// A kiln bug, not a problem with the user's model or input: an invariant a compiler stage
+    /// relies on did not hold. Names the stage (`fuse`, `memory plan`, `cranelift`, ...).
+    Internal { stage: String, message: String },
 }
 
 impl Error {
@@ -40,6 +43,9 @@ impl Error {
     }
     pub fn io(path: impl Into<PathBuf>, err: &std::io::Error) -> Self {
         Error::Io { path: path.into(), message: err.to_string() }
+    }
+    pub fn internal(stage: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Internal { stage: stage.into(), message: message.into() }
     }
     pub fn bad_batch(message: impl Into<String>) -> Self {
         Error::BadBatch { message: message.into() }
@@ -80,6 +86,9 @@ impl fmt::Display for Error {
             Error::Model { path, message } => write!(f, "{}: {message}", path.display()),
             Error::Artifact { message } => write!(f, "plan artifact rejected: {message}"),
             Error::Backend(m) => write!(f, "backend error: {m}"),
+            Error::Internal { stage, message } => {
+                write!(f, "internal error in {stage} (a kiln bug, please report it): {message}")
+            }
         }
     }
 }

@@ -52,7 +52,7 @@ impl std::fmt::Debug for Isa {
 }
 
 fn berr(m: impl std::fmt::Display) -> Error {
-    Error::Backend(format!("cranelift: {m}"))
+    Error::internal("cranelift", m.to_string())
 }
 
 /// Builds the ISA for `target`.
