@@ -475,7 +475,7 @@ fn embed_precompiled(
     };
     match artifact.header.target.clone() {
         Target::CpuX86_64 { .. } => {
-            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(at_path)?;
+            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::OnFirstRequest).map_err(at_path)?;
             embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
         }
         target @ Target::Cuda { .. } => {
@@ -484,7 +484,7 @@ fn embed_precompiled(
                 Error::Backend(msg) => Error::Backend(format!("{} holds GPU plans ({target}): {msg}", path.display())),
                 other => at_path(other),
             })?;
-            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::Jit).map_err(at_path)?;
+            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::OnFirstRequest).map_err(at_path)?;
             embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
         }
     }
@@ -533,7 +533,7 @@ fn bucket_for(seqs: &[Vec<i64>]) -> Bucket {
 fn embed_with<B: Backend>(backend: B, m: &SentenceModel, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
     let seqs = m.tokenize(texts)?;
     let weights = m.load_weights()?;
-    let engine = Engine::new(backend, m.graph.clone(), &weights, &[bucket_for(&seqs)], LowerPolicy::Jit)?;
+    let engine = Engine::new(backend, m.graph.clone(), &weights, &[bucket_for(&seqs)], LowerPolicy::OnFirstRequest)?;
     embed_ids(&engine, &seqs)
 }
 

@@ -103,7 +103,7 @@ fn internal(msg: impl Into<String>) -> Error {
     Error::internal("fuse", msg)
 }
 
-fn swap_last_two(t: &TensorRef) -> TensorRef {
+fn swap_last_two(t: &BufferView) -> BufferView {
     let r = t.rank();
     let mut perm: Vec<usize> = (0..r).collect();
     perm.swap(r - 2, r - 1);
@@ -111,7 +111,7 @@ fn swap_last_two(t: &TensorRef) -> TensorRef {
 }
 
 /// Fits a view to `shape`: drops leading size-1 dims beyond `shape`'s rank, then broadcasts.
-fn fit_to(t: &TensorRef, shape: &[usize]) -> Option<TensorRef> {
+fn fit_to(t: &BufferView, shape: &[usize]) -> Option<BufferView> {
     let mut t = t.clone();
     while t.rank() > shape.len() && t.shape[0] == 1 {
         t.shape.remove(0);
@@ -133,7 +133,7 @@ struct Fuser<'a> {
     groups: Vec<Group>,
     buffers: Vec<Buffer>,
     kernels: Vec<Kernel>,
-    views: Vec<Option<TensorRef>>,
+    views: Vec<Option<BufferView>>,
     input_bufs: Vec<Option<BufferId>>,
     weight_bufs: Vec<Option<BufferId>>,
     output_bufs: Vec<Option<BufferId>>,
@@ -179,7 +179,7 @@ impl<'m> ExprBuilder<'m> {
     }
 
     /// The expression of graph value `v`; values outside the group become loads of `inputs`.
-    fn value(&mut self, f: &mut Fuser, v: usize, inputs: &mut Vec<TensorRef>) -> Result<ExprId> {
+    fn value(&mut self, f: &mut Fuser, v: usize, inputs: &mut Vec<BufferView>) -> Result<ExprId> {
         if let Some(&e) = self.memo.get(&v) {
             return Ok(e);
         }
@@ -555,7 +555,7 @@ impl<'a> Fuser<'a> {
     }
 
     /// The view of a materialized value (leaf, group root, or a view op over those).
-    fn view_of(&mut self, v: usize) -> Result<TensorRef> {
+    fn view_of(&mut self, v: usize) -> Result<BufferView> {
         if let Some(t) = &self.views[v] {
             return Ok(t.clone());
         }
@@ -572,7 +572,7 @@ impl<'a> Fuser<'a> {
                         b
                     }
                 };
-                TensorRef::dense(b, &shape)
+                BufferView::dense(b, &shape)
             }
             Op::Weight { index } => {
                 let layout = self.layouts[*index];
@@ -590,13 +590,13 @@ impl<'a> Fuser<'a> {
                     }
                 };
                 match layout {
-                    WeightLayout::Transposed => TensorRef::dense(b, &stored).permute(&[1, 0]),
-                    WeightLayout::AsIs => TensorRef::dense(b, &shape),
+                    WeightLayout::Transposed => BufferView::dense(b, &stored).permute(&[1, 0]),
+                    WeightLayout::AsIs => BufferView::dense(b, &shape),
                 }
             }
             Op::Constant { values } => {
                 let b = self.new_buffer(&n.name, DType::F32, &shape, BufferKind::Constant { values: values.clone() });
-                TensorRef::dense(b, &shape)
+                BufferView::dense(b, &shape)
             }
             Op::Reshape => {
                 let x = self.view_of(n.inputs[0].index())?;
@@ -622,9 +622,9 @@ impl<'a> Fuser<'a> {
     }
 
     /// A copy kernel materializing `x` densely in a new arena buffer.
-    fn emit_copy(&mut self, name: &str, dtype: DType, x: &TensorRef, fused: &[String]) -> Result<TensorRef> {
+    fn emit_copy(&mut self, name: &str, dtype: DType, x: &BufferView, fused: &[String]) -> Result<BufferView> {
         let b = self.new_buffer(name, dtype, &x.shape, BufferKind::Arena);
-        let out = TensorRef::dense(b, &x.shape);
+        let out = BufferView::dense(b, &x.shape);
         self.kernels.push(Kernel {
             name: name.to_string(),
             op: KernelOp::Elementwise { expr: Expr { nodes: vec![ExprNode::Load(0)] } },
@@ -637,14 +637,14 @@ impl<'a> Fuser<'a> {
 
     /// The output buffer of group root `r`, and the view the kernel writes. `sink` allows
     /// writing the layout of a transpose that is `r`'s only user.
-    fn alloc_output(&mut self, r: usize, sink: bool) -> TensorRef {
+    fn alloc_output(&mut self, r: usize, sink: bool) -> BufferView {
         let g = self.g;
         let n = &g.nodes[r];
         let shape = self.shapes[r].clone();
         if let Some(oi) = (0..self.g.outputs.len()).find(|&oi| self.g.outputs[oi].index() == r && self.output_bufs[oi].is_none()) {
             let b = self.new_buffer(&self.g.output_names[oi].clone(), n.dtype, &shape, BufferKind::Output { index: oi });
             self.output_bufs[oi] = Some(b);
-            let t = TensorRef::dense(b, &shape);
+            let t = BufferView::dense(b, &shape);
             self.views[r] = Some(t.clone());
             return t;
         }
@@ -657,13 +657,13 @@ impl<'a> Fuser<'a> {
                 for (i, &p) in perm.iter().enumerate() {
                     inv[p] = i;
                 }
-                let t = TensorRef::dense(b, &tshape).permute(&inv);
+                let t = BufferView::dense(b, &tshape).permute(&inv);
                 self.views[r] = Some(t.clone());
                 return t;
             }
         }
         let b = self.new_buffer(&n.name, n.dtype, &shape, BufferKind::Arena);
-        let t = TensorRef::dense(b, &shape);
+        let t = BufferView::dense(b, &shape);
         self.views[r] = Some(t.clone());
         t
     }
@@ -784,8 +784,8 @@ impl<'a> Fuser<'a> {
         core: usize,
         root: usize,
         members: &HashSet<usize>,
-        inputs: &mut Vec<TensorRef>,
-    ) -> Result<(KernelOp, TensorRef)> {
+        inputs: &mut Vec<BufferView>,
+    ) -> Result<(KernelOp, BufferView)> {
         let g = self.g;
         let c = &g.nodes[core];
         let Op::MatMul { transpose_a, transpose_b } = c.op else { unreachable!() };
@@ -836,8 +836,8 @@ impl<'a> Fuser<'a> {
         // A B shared over the batch: fold the batch dims into m when every view allows it.
         if !batch.is_empty() && inputs[1].strides[..batch.len()].iter().all(|&s| s == 0) {
             let big_m = batch.iter().product::<usize>() * m;
-            let merged: Option<Vec<TensorRef>> = std::iter::once(inputs[0].reshape(&[big_m, k]))
-                .chain(std::iter::once(Some(TensorRef {
+            let merged: Option<Vec<BufferView>> = std::iter::once(inputs[0].reshape(&[big_m, k]))
+                .chain(std::iter::once(Some(BufferView {
                     buffer: inputs[1].buffer,
                     offset: inputs[1].offset,
                     shape: vec![k, n],
@@ -856,7 +856,7 @@ impl<'a> Fuser<'a> {
         Ok((KernelOp::Gemm { batch, m, n, k, alpha, epilogue }, out))
     }
 
-    fn build_attention(&mut self, am: &AttnMatch, inputs: &mut Vec<TensorRef>) -> Result<(KernelOp, TensorRef)> {
+    fn build_attention(&mut self, am: &AttnMatch, inputs: &mut Vec<BufferView>) -> Result<(KernelOp, BufferView)> {
         let g = self.g;
         let scores = self.shapes[am.qk].clone();
         let r = scores.len();
@@ -928,7 +928,7 @@ impl<'a> Fuser<'a> {
                     name: format!("{name}.copy"),
                     op: KernelOp::Elementwise { expr: Expr { nodes: vec![ExprNode::Load(0)] } },
                     inputs: vec![x],
-                    output: TensorRef::dense(b, &shape),
+                    output: BufferView::dense(b, &shape),
                     fused: vec![],
                 });
                 self.output_bufs[oi] = Some(b);

@@ -3,14 +3,14 @@
 //! A [`KernelProgram`] is a list of [`Buffer`]s and a schedule of [`Kernel`]s for ONE bucket:
 //! every shape is concrete. Each kernel is meant to be emitted as one loop nest (or one GPU
 //! launch) and is self-describing: it names its input and output tensors as strided views
-//! ([`TensorRef`]) of buffers, and carries a kind-specific description ([`KernelOp`]).
+//! ([`BufferView`]) of buffers, and carries a kind-specific description ([`KernelOp`]).
 //!
 //! # Conventions every backend must follow
-//! - **Views.** A [`TensorRef`] names a buffer, an element `offset`, a `shape` and element
+//! - **Views.** A [`BufferView`] names a buffer, an element `offset`, a `shape` and element
 //!   `strides`: element `(i0, .., in)` lives at element `offset + Σ i_d·strides[d]` of the
 //!   buffer. A stride of 0 is a broadcast. Views are how reshapes (free), transposes (permuted
 //!   strides), slices (offset) and numpy broadcasting reach kernels without copies.
-//!   [`TensorRef::is_contiguous`] tells the dense row-major fast path. Outputs are views
+//!   [`BufferView::is_contiguous`] tells the dense row-major fast path. Outputs are views
 //!   too: an Elementwise, Gemm or Attention kernel whose value only fed a transpose writes the
 //!   transposed layout directly (permuted strides), and a Softmax over a non-last graph axis
 //!   has its input and output views permuted so that the softmax axis is last. Every other
@@ -111,7 +111,7 @@ impl Buffer {
 
 /// A strided view of a buffer (see the module docs). Offsets and strides count elements.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct TensorRef {
+pub struct BufferView {
     pub buffer: BufferId,
     pub offset: usize,
     pub shape: Vec<usize>,
@@ -138,10 +138,10 @@ pub enum MatrixLayout {
     ColMajor { ld: usize },
 }
 
-impl TensorRef {
+impl BufferView {
     /// The whole of a dense buffer of `shape`.
     pub fn dense(buffer: BufferId, shape: &[usize]) -> Self {
-        TensorRef { buffer, offset: 0, shape: shape.to_vec(), strides: dense_strides(shape) }
+        BufferView { buffer, offset: 0, shape: shape.to_vec(), strides: dense_strides(shape) }
     }
     pub fn rank(&self) -> usize {
         self.shape.len()
@@ -192,8 +192,8 @@ impl TensorRef {
         }
     }
     /// The view with its dims permuted: new dim `i` is old dim `perm[i]`.
-    pub fn permute(&self, perm: &[usize]) -> TensorRef {
-        TensorRef {
+    pub fn permute(&self, perm: &[usize]) -> BufferView {
+        BufferView {
             buffer: self.buffer,
             offset: self.offset,
             shape: perm.iter().map(|&p| self.shape[p]).collect(),
@@ -201,7 +201,7 @@ impl TensorRef {
         }
     }
     /// `x[start..start+len]` along `axis`.
-    pub fn slice(&self, axis: usize, start: usize, len: usize) -> TensorRef {
+    pub fn slice(&self, axis: usize, start: usize, len: usize) -> BufferView {
         let mut t = self.clone();
         t.offset += start * t.strides[axis];
         t.shape[axis] = len;
@@ -209,7 +209,7 @@ impl TensorRef {
     }
     /// Numpy broadcasting of the view to `shape` (right-aligned; size-1 or missing dims get
     /// stride 0). `None` if it does not broadcast.
-    pub fn broadcast_to(&self, shape: &[usize]) -> Option<TensorRef> {
+    pub fn broadcast_to(&self, shape: &[usize]) -> Option<BufferView> {
         if shape.len() < self.rank() {
             return None;
         }
@@ -228,16 +228,16 @@ impl TensorRef {
                 return None;
             }
         }
-        Some(TensorRef { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides })
+        Some(BufferView { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides })
     }
     /// The view reshaped to `shape` without copying, when its strides allow it (as numpy's
     /// `reshape` attempts); `None` when a copy would be needed.
-    pub fn reshape(&self, shape: &[usize]) -> Option<TensorRef> {
+    pub fn reshape(&self, shape: &[usize]) -> Option<BufferView> {
         if shape.iter().product::<usize>() != self.numel() {
             return None;
         }
         if self.is_contiguous() {
-            return Some(TensorRef { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides: dense_strides(shape) });
+            return Some(BufferView { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides: dense_strides(shape) });
         }
         // Drop size-1 dims, then group old dims into runs that are contiguous among themselves
         // and match them against runs of new dims with the same element count.
@@ -289,11 +289,11 @@ impl TensorRef {
                 acc *= shape[k];
             }
         }
-        Some(TensorRef { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides })
+        Some(BufferView { buffer: self.buffer, offset: self.offset, shape: shape.to_vec(), strides })
     }
 }
 
-impl fmt::Display for TensorRef {
+impl fmt::Display for BufferView {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dims = |v: &[usize]| v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
         write!(f, "{}+{}[{}]/[{}]", self.buffer, self.offset, dims(&self.shape), dims(&self.strides))
@@ -391,7 +391,7 @@ pub enum KernelOp {
     /// `acc = alpha · Σ_{p<k} A[b,i,p]·B[b,p,j]`; `out[b,i,j] = epilogue(acc, loads)` (just `acc`
     /// when `epilogue` is `None`). `inputs[0]` = A with view shape `batch ++ [m, k]`,
     /// `inputs[1]` = B with view shape `batch ++ [k, n]` (transposes are in the strides: see
-    /// [`TensorRef::matrix_layout`]; a stride-0 batch dim is a shared operand), `inputs[2..]` =
+    /// [`BufferView::matrix_layout`]; a stride-0 batch dim is a shared operand), `inputs[2..]` =
     /// epilogue operands with view shape `batch ++ [m, n]` (the iteration shape). A and B never
     /// alias the output.
     Gemm { batch: Vec<usize>, m: usize, n: usize, k: usize, alpha: f32, epilogue: Option<Expr> },
@@ -460,8 +460,8 @@ pub struct Kernel {
     /// Name of the graph node whose value the kernel writes.
     pub name: String,
     pub op: KernelOp,
-    pub inputs: Vec<TensorRef>,
-    pub output: TensorRef,
+    pub inputs: Vec<BufferView>,
+    pub output: BufferView,
     /// Names of the graph nodes fused into this kernel, in graph order.
     pub fused: Vec<String>,
 }
@@ -717,7 +717,7 @@ impl KernelProgram {
     }
 }
 
-fn t_buf<'p>(p: &'p KernelProgram, t: &TensorRef) -> &'p Buffer {
+fn t_buf<'p>(p: &'p KernelProgram, t: &BufferView) -> &'p Buffer {
     &p.buffers[t.buffer.index()]
 }
 
@@ -725,18 +725,18 @@ fn t_buf<'p>(p: &'p KernelProgram, t: &TensorRef) -> &'p Buffer {
 mod tests {
     use super::*;
 
-    fn t(shape: &[usize], strides: &[usize]) -> TensorRef {
-        TensorRef { buffer: BufferId(0), offset: 0, shape: shape.to_vec(), strides: strides.to_vec() }
+    fn t(shape: &[usize], strides: &[usize]) -> BufferView {
+        BufferView { buffer: BufferId(0), offset: 0, shape: shape.to_vec(), strides: strides.to_vec() }
     }
 
     #[test]
     fn reshape_of_contiguous_and_transposed_views() {
-        let d = TensorRef::dense(BufferId(0), &[2, 3, 4]);
+        let d = BufferView::dense(BufferId(0), &[2, 3, 4]);
         assert!(d.is_contiguous());
         let r = d.reshape(&[6, 4]).unwrap();
         assert_eq!(r.strides, vec![4, 1]);
         // [b,s,h,d] -> transpose(0,2,1,3) is not mergeable over (h, d)...
-        let x = TensorRef::dense(BufferId(0), &[2, 5, 3, 4]).permute(&[0, 2, 1, 3]);
+        let x = BufferView::dense(BufferId(0), &[2, 5, 3, 4]).permute(&[0, 2, 1, 3]);
         assert!(x.reshape(&[2, 15, 4]).is_none());
         // ...but splitting a dim of a strided view is fine.
         let y = x.reshape(&[2, 3, 5, 2, 2]).unwrap();
@@ -749,10 +749,10 @@ mod tests {
 
     #[test]
     fn broadcast_and_layouts() {
-        let b = TensorRef::dense(BufferId(1), &[4]).broadcast_to(&[2, 3, 4]).unwrap();
+        let b = BufferView::dense(BufferId(1), &[4]).broadcast_to(&[2, 3, 4]).unwrap();
         assert_eq!(b.strides, vec![0, 0, 1]);
         assert!(b.has_broadcast());
-        assert!(TensorRef::dense(BufferId(1), &[3]).broadcast_to(&[4]).is_none());
+        assert!(BufferView::dense(BufferId(1), &[3]).broadcast_to(&[4]).is_none());
         assert_eq!(t(&[3, 4], &[4, 1]).matrix_layout(), Some(MatrixLayout::RowMajor { ld: 4 }));
         assert_eq!(t(&[3, 4], &[1, 3]).matrix_layout(), Some(MatrixLayout::ColMajor { ld: 3 }));
         assert_eq!(t(&[2, 3], &[6, 2]).extent(), 1 + 6 + 4);

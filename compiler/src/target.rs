@@ -11,7 +11,7 @@
 use kiln_runtime::artifact::{self, Artifact, PlanPayload};
 use kiln_runtime::{Bucket, Error, Graph, Result};
 
-use crate::codegen::cpu::{compile_with_isa, CodegenOptions, CpuTarget, Isa};
+use crate::codegen::cpu::{compile_with_isa, CodegenOptions, CpuTarget, CodegenIsa};
 use crate::codegen::cuda::{compile_lowered, CudaTarget};
 use crate::pipeline::{run_pipeline, Lowered};
 
@@ -25,7 +25,7 @@ pub trait Target: Send + Sync {
 
 /// x86-64 code from Cranelift.
 pub struct Cpu {
-    isa: Isa,
+    isa: CodegenIsa,
     opts: CodegenOptions,
 }
 
@@ -39,7 +39,7 @@ impl Cpu {
 
 impl Cpu {
     /// A CPU target over an ISA already built (a backend's).
-    pub(crate) fn with_isa(isa: Isa, opts: CodegenOptions) -> Self {
+    pub(crate) fn with_isa(isa: CodegenIsa, opts: CodegenOptions) -> Self {
         Cpu { isa, opts }
     }
 }

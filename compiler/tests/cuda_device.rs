@@ -186,7 +186,7 @@ fn minilm_on_gpu_matches_golden() {
     let gold = golden();
     let sentences = gold["sentences"].as_array().unwrap();
     let buckets = [Bucket::new(1, 16), Bucket::new(1, 64), Bucket::new(sentences.len(), 64)];
-    let engine = Engine::new(be, g.clone(), &w, &buckets, LowerPolicy::Jit).unwrap();
+    let engine = Engine::new(be, g.clone(), &w, &buckets, LowerPolicy::OnFirstRequest).unwrap();
     let k = g.output_names.iter().position(|n| n == "embeddings").unwrap();
     let mut worst = 1.0f64;
     for (i, s) in sentences.iter().enumerate() {
@@ -255,7 +255,7 @@ fn artifact_runs_through_precompiled_cuda() {
         let pre = PrecompiledCuda::new(a).unwrap();
         assert!(!pre.caps().can_lower);
         // As `kiln embed --plan` does: the engine "lowers" a bucket by loading its plan.
-        let engine = Engine::new(pre, g.clone(), &w, &[b], LowerPolicy::Jit).unwrap();
+        let engine = Engine::new(pre, g.clone(), &w, &[b], LowerPolicy::OnFirstRequest).unwrap();
         let out = engine.infer(&Batch { tensors: inputs.clone() }).unwrap();
         let err = max_rel_err(&out.tensors[0], &want[0]);
         assert!(err <= 1e-4, "{arch} artifact on sm_{}{}: max rel err {err}", cc.0, cc.1);

@@ -2,7 +2,7 @@
 //! template variant (`tests/golden/cuda/<case>.txt`; `BLESS=1` rewrites them). The same
 //! programs also compile with NVRTC where the library is present.
 
-use kiln_compiler::codegen::cuda::{emit_program, nvrtc, CudaTarget, Placement};
+use kiln_compiler::codegen::cuda::{emit_program, nvrtc, CudaTarget, DevicePlacement};
 use kiln_testkit::golden::check_golden;
 use kiln_compiler::kernel_ir::*;
 use kiln_runtime::graph::{BinaryOp, Bucket, ReduceOp, UnaryOp};
@@ -39,7 +39,7 @@ impl P {
     fn output(&mut self, name: &str, dtype: DType, shape: &[usize]) -> BufferId {
         self.buf(name, dtype, shape, BufferKind::Output { index: 0 })
     }
-    fn finish(self, op: KernelOp, inputs: Vec<TensorRef>, output: TensorRef) -> KernelProgram {
+    fn finish(self, op: KernelOp, inputs: Vec<BufferView>, output: BufferView) -> KernelProgram {
         let out = output.buffer;
         KernelProgram {
             bucket: Bucket::new(1, 1),
@@ -53,8 +53,8 @@ impl P {
     }
 }
 
-fn dense(b: BufferId, shape: &[usize]) -> TensorRef {
-    TensorRef::dense(b, shape)
+fn dense(b: BufferId, shape: &[usize]) -> BufferView {
+    BufferView::dense(b, shape)
 }
 
 fn expr(nodes: Vec<ExprNode>) -> Expr {
@@ -64,7 +64,7 @@ fn expr(nodes: Vec<ExprNode>) -> Expr {
 /// Emits the program and checks (or blesses) the golden; compiles it where NVRTC exists.
 fn golden(case: &str, prog: &KernelProgram, arch: &str) {
     let target = CudaTarget::new(arch).unwrap();
-    let place = Placement::unshared(prog);
+    let place = DevicePlacement::unshared(prog);
     let m = emit_program(prog, &place, &target).unwrap();
     let k = &m.kernels[0];
     let params: Vec<String> = k.params.iter().map(|p| format!("p{}={}", k.params.iter().position(|q| q == p).unwrap(), p.buffer)).collect();
@@ -158,7 +158,7 @@ fn softmax_scale_mask() {
     let s = p.input("s", DType::F32, &[2, 3, 7, 7]);
     let m = p.input("m", DType::F32, &[2, 7]);
     let o = p.output("out", DType::F32, &[2, 3, 7, 7]);
-    let mv = TensorRef { buffer: m, offset: 0, shape: vec![2, 3, 7, 7], strides: vec![7, 0, 0, 1] };
+    let mv = BufferView { buffer: m, offset: 0, shape: vec![2, 3, 7, 7], strides: vec![7, 0, 0, 1] };
     let e = expr(vec![ExprNode::Load(0), ExprNode::Const(0.125), ExprNode::Binary(BinaryOp::Mul, 0, 1), ExprNode::Load(1), ExprNode::Binary(BinaryOp::Add, 2, 3)]);
     let prog = p.finish(KernelOp::Softmax { prologue: e }, vec![dense(s, &[2, 3, 7, 7]), mv], dense(o, &[2, 3, 7, 7]));
     golden("softmax_scale_mask", &prog, "sm_90");
@@ -176,7 +176,7 @@ fn attention_heads() {
     let m = p.input("m", DType::F32, &[b, s]);
     let o = p.output("out", DType::F32, &[b, s, h * d]);
     let heads = |x: BufferId| dense(x, &[b, s, h * d]).reshape(&[b, s, h, d]).unwrap().permute(&[0, 2, 1, 3]);
-    let mv = TensorRef { buffer: m, offset: 0, shape: vec![b, h, s, s], strides: vec![s, 0, 0, 1] };
+    let mv = BufferView { buffer: m, offset: 0, shape: vec![b, h, s, s], strides: vec![s, 0, 0, 1] };
     let prog = p.finish(
         KernelOp::Attention { batch: vec![b, h], seq_q: s, seq_kv: s, head_dim: d, v_dim: d, scale: 0.35355338, mask: Some(3) },
         vec![heads(q), heads(k), heads(v), mv],
@@ -203,7 +203,7 @@ fn reduce_masked_sum() {
     let m = p.input("m", DType::I64, &[2, 5]);
     let o = p.output("out", DType::F32, &[2, 6]);
     let xv = dense(x, &[2, 5, 6]).permute(&[0, 2, 1]);
-    let mv = TensorRef { buffer: m, offset: 0, shape: vec![2, 6, 5], strides: vec![5, 0, 1] };
+    let mv = BufferView { buffer: m, offset: 0, shape: vec![2, 6, 5], strides: vec![5, 0, 1] };
     let e = expr(vec![ExprNode::Load(0), ExprNode::Load(1), ExprNode::Binary(BinaryOp::Mul, 0, 1)]);
     let prog = p.finish(KernelOp::Reduce { op: ReduceOp::Sum, shape: vec![2, 6, 5], reduced_dims: 1, prologue: e }, vec![xv, mv], dense(o, &[2, 6]));
     golden("reduce_masked_sum", &prog, "sm_90");
@@ -228,7 +228,7 @@ fn bad_kernels_are_errors() {
     // An input view whose shape is not the iteration shape.
     let prog = p.finish(KernelOp::Elementwise { expr: expr(vec![ExprNode::Load(0)]) }, vec![dense(x, &[24])], dense(o, &[4, 6]));
     let t = CudaTarget::new("sm_90").unwrap();
-    assert!(emit_program(&prog, &Placement::unshared(&prog), &t).is_err());
+    assert!(emit_program(&prog, &DevicePlacement::unshared(&prog), &t).is_err());
     // Attention with a head dim the kernel does not support.
     let mut p = P::new();
     let q = p.input("q", DType::F32, &[1, 4, 256]);
@@ -238,7 +238,7 @@ fn bad_kernels_are_errors() {
         vec![dense(q, &[1, 4, 256]), dense(q, &[1, 4, 256]), dense(q, &[1, 4, 256])],
         dense(o, &[1, 4, 256]),
     );
-    let e = emit_program(&prog, &Placement::unshared(&prog), &t).unwrap_err();
+    let e = emit_program(&prog, &DevicePlacement::unshared(&prog), &t).unwrap_err();
     assert!(e.to_string().contains("head dims"), "{e}");
     assert!(CudaTarget::new("sm_60").is_err() && CudaTarget::new("compute_90").is_err());
 }

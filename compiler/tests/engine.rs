@@ -70,7 +70,7 @@ fn check_outputs(out: &kiln_runtime::Outputs, seqs: &[Vec<i64>]) {
 
 #[test]
 fn picks_the_smallest_bucket_pads_and_trims() {
-    let e = engine(LowerPolicy::Jit);
+    let e = engine(LowerPolicy::OnFirstRequest);
     assert_eq!(e.buckets(), [SMALL, LARGE]);
     assert_eq!(e.compiled_buckets(), []);
 
@@ -106,7 +106,7 @@ fn picks_the_smallest_bucket_pads_and_trims() {
 
 #[test]
 fn concurrent_first_requests_lower_once() {
-    let e = Arc::new(engine(LowerPolicy::Jit));
+    let e = Arc::new(engine(LowerPolicy::OnFirstRequest));
     let seqs = vec![vec![1, 2, 3, 4, 5, 6], vec![7], vec![8, 9]]; // fits only 4x8
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)

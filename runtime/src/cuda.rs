@@ -79,12 +79,12 @@ impl IoSlot {
 
 /// What the plan expects of one graph weight's device buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WeightSlot {
+pub struct WeightEntry {
     pub dtype: DType,
     pub shape: Vec<usize>,
 }
 
-impl WeightSlot {
+impl WeightEntry {
     pub fn bytes(&self) -> u64 {
         (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
     }
@@ -110,7 +110,7 @@ pub struct CudaPlanSpec {
     /// Graph outputs, in `Graph::outputs` order.
     pub outputs: Vec<IoSlot>,
     /// The weight table the plan was compiled against, indexed like `Graph::weights`.
-    pub weights: Vec<WeightSlot>,
+    pub weights: Vec<WeightEntry>,
     /// Constant tensors (little-endian bytes) the kernels read through [`KernelArg::Const`].
     pub constants: Vec<Vec<u8>>,
 }
@@ -389,7 +389,7 @@ pub fn plan_from_artifact(artifact: &Artifact, bucket: Bucket) -> Result<CudaPla
 
 /// Checks a plan's weight table against the weights uploaded for it (same count, and each
 /// weight's dtype and shape); [`Error::Artifact`] naming the first difference.
-pub fn check_plan_weights(spec: &CudaPlanSpec, uploaded: &[WeightSlot]) -> Result<()> {
+pub fn check_plan_weights(spec: &CudaPlanSpec, uploaded: &[WeightEntry]) -> Result<()> {
     let bad = |m: String| {
         Err(Error::Artifact {
             message: format!("GPU plan for bucket {} was compiled for a different weight table: {m}", spec.bucket),
@@ -555,7 +555,7 @@ mod exec {
             let mut slots = Vec::with_capacity(tensors.len());
             for t in tensors {
                 bufs.push(self.upload_bytes(tensor_bytes(&t.data))?);
-                slots.push(WeightSlot { dtype: t.dtype(), shape: t.shape.clone() });
+                slots.push(WeightEntry { dtype: t.dtype(), shape: t.shape.clone() });
             }
             let bytes = tensors.iter().map(|t| t.byte_len()).sum();
             Ok(CudaWeights { bufs: Arc::new(bufs), slots, bytes, dev: self.clone() })
@@ -766,7 +766,7 @@ mod exec {
     /// Weights uploaded once to one device.
     pub struct CudaWeights {
         bufs: Arc<Vec<DeviceBuffer>>,
-        slots: Vec<WeightSlot>,
+        slots: Vec<WeightEntry>,
         bytes: usize,
         dev: Arc<CudaDevice>,
     }
@@ -775,7 +775,7 @@ mod exec {
         pub fn bytes(&self) -> usize {
             self.bytes
         }
-        pub fn slots(&self) -> &[WeightSlot] {
+        pub fn slots(&self) -> &[WeightEntry] {
             &self.slots
         }
     }

@@ -13,8 +13,9 @@ use crate::graph::{Bucket, Dim, Graph};
 /// Whether the engine may compile a bucket that has no plan yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LowerPolicy {
-    /// Lower a bucket at its first request.
-    Jit,
+    /// Lower a bucket at its first request: compile it (a compiling backend) or map it from
+    /// an artifact (a precompiled one).
+    OnFirstRequest,
     /// Only run plans given with [`Engine::insert_plan`]; a miss is an error.
     PrecompiledOnly,
 }

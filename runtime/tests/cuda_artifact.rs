@@ -7,7 +7,7 @@ use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
 use kiln_runtime::cpu::{PrecompiledCpu, Threads};
 use kiln_runtime::cuda::{
     check_device_for_artifact, check_plan_weights, decode_plan, plan_from_artifact, select_code, CodeChoice,
-    CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightSlot, CUDA_PLAN_VERSION,
+    CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightEntry, CUDA_PLAN_VERSION,
 };
 use kiln_runtime::{Backend, Bucket, DType, Error, HostTensor};
 
@@ -38,7 +38,7 @@ fn spec(bucket: Bucket, arch: &str, cubin: Option<Vec<u8>>) -> CudaPlanSpec {
         }],
         inputs: vec![IoSlot { offset: Some(0), dtype: DType::F32, shape: vec![bucket.batch, 4] }],
         outputs: vec![IoSlot { offset: Some(4 * n as u64), dtype: DType::F32, shape: vec![bucket.batch, 4] }],
-        weights: vec![WeightSlot { dtype: DType::F32, shape: vec![4] }],
+        weights: vec![WeightEntry { dtype: DType::F32, shape: vec![4] }],
         constants: vec![vec![1, 2, 3, 4]],
     }
 }
@@ -76,7 +76,7 @@ fn gpu_plans_round_trip_through_an_artifact() {
     assert_eq!(plan_from_artifact(&a, B1).unwrap(), s1);
     assert_eq!(plan_from_artifact(&a, B2).unwrap(), s2);
     // The decoded plans are what a device would load: valid, and made for the graph's weights.
-    let uploaded: Vec<WeightSlot> = graph(4).weights.iter().map(|w| WeightSlot { dtype: w.dtype, shape: w.shape.clone() }).collect();
+    let uploaded: Vec<WeightEntry> = graph(4).weights.iter().map(|w| WeightEntry { dtype: w.dtype, shape: w.shape.clone() }).collect();
     check_plan_weights(&s1, &uploaded).unwrap();
     check_device_for_artifact(&a, (9, 0)).unwrap();
 }
@@ -221,8 +221,8 @@ fn cubin_or_ptx_by_device_capability() {
 #[test]
 fn plan_weights_must_match_the_upload() {
     let s = spec(B1, "sm_90", None);
-    check_plan_weights(&s, &[WeightSlot { dtype: DType::F32, shape: vec![4] }]).unwrap();
-    let m = artifact_message(check_plan_weights(&s, &[WeightSlot { dtype: DType::F32, shape: vec![5] }]).unwrap_err());
+    check_plan_weights(&s, &[WeightEntry { dtype: DType::F32, shape: vec![4] }]).unwrap();
+    let m = artifact_message(check_plan_weights(&s, &[WeightEntry { dtype: DType::F32, shape: vec![5] }]).unwrap_err());
     assert!(m.contains("bucket 1x1") && m.contains("weight 0"), "{m}");
     let m = artifact_message(check_plan_weights(&s, &[]).unwrap_err());
     assert!(m.contains("1 weights") && m.contains("has 0"), "{m}");

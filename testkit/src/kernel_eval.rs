@@ -169,7 +169,7 @@ fn eval(e: &Expr, vals: &mut Vec<f32>, acc: f32, load: impl Fn(usize) -> f32) ->
 }
 
 /// Offsets of every view at each index of the leading `dims` dims (the batch of a GEMM).
-fn batch_bases(batch: &[usize], views: &[&TensorRef]) -> Vec<Vec<usize>> {
+fn batch_bases(batch: &[usize], views: &[&BufferView]) -> Vec<Vec<usize>> {
     let bases: Vec<usize> = views.iter().map(|t| t.offset).collect();
     let strides: Vec<&[usize]> = views.iter().map(|t| &t.strides[..batch.len()]).collect();
     let mut out = Vec::new();
@@ -180,7 +180,7 @@ fn batch_bases(batch: &[usize], views: &[&TensorRef]) -> Vec<Vec<usize>> {
     out
 }
 
-fn last_stride(t: &TensorRef, from_end: usize) -> usize {
+fn last_stride(t: &BufferView, from_end: usize) -> usize {
     t.strides[t.rank() - from_end]
 }
 
@@ -289,7 +289,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
             let int_copy = expr.as_copy().is_some()
                 && mem.dtype[k.inputs[0].buffer.index()].is_int()
                 && mem.dtype[ob.index()].is_int();
-            let mut views: Vec<&TensorRef> = k.inputs.iter().collect();
+            let mut views: Vec<&BufferView> = k.inputs.iter().collect();
             views.push(out);
             let bases: Vec<usize> = views.iter().map(|t| t.offset).collect();
             let strides: Vec<&[usize]> = views.iter().map(|t| t.strides.as_slice()).collect();
@@ -307,7 +307,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
         }
         KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue } => {
             let (a, b) = (&k.inputs[0], &k.inputs[1]);
-            let mut views: Vec<&TensorRef> = k.inputs.iter().collect();
+            let mut views: Vec<&BufferView> = k.inputs.iter().collect();
             views.push(out);
             let nv = views.len();
             let (sa_i, sa_p) = (last_stride(a, 2), last_stride(a, 1));
@@ -345,7 +345,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
             let r = out.rank();
             let cols = out.shape[r - 1];
             let loads = prologue.loads();
-            let mut views: Vec<&TensorRef> = loads.iter().map(|&l| &k.inputs[l]).collect();
+            let mut views: Vec<&BufferView> = loads.iter().map(|&l| &k.inputs[l]).collect();
             views.push(out);
             let bases: Vec<usize> = views.iter().map(|t| t.offset).collect();
             let strides: Vec<&[usize]> = views.iter().map(|t| &t.strides[..r - 1]).collect();
@@ -386,7 +386,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
             let r = out.rank();
             let cols = out.shape[r - 1];
             let loads = prologue.loads();
-            let mut views: Vec<&TensorRef> = loads.iter().map(|&l| &k.inputs[l]).collect();
+            let mut views: Vec<&BufferView> = loads.iter().map(|&l| &k.inputs[l]).collect();
             views.push(out);
             let bases: Vec<usize> = views.iter().map(|t| t.offset).collect();
             let strides: Vec<&[usize]> = views.iter().map(|t| &t.strides[..r - 1]).collect();
@@ -469,7 +469,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
         KernelOp::Reduce { op, shape, reduced_dims, prologue } => {
             let outer = shape.len() - reduced_dims;
             let loads = prologue.loads();
-            let mut views: Vec<&TensorRef> = loads.iter().map(|&l| &k.inputs[l]).collect();
+            let mut views: Vec<&BufferView> = loads.iter().map(|&l| &k.inputs[l]).collect();
             views.push(out);
             let bases: Vec<usize> = views.iter().map(|t| t.offset).collect();
             let strides: Vec<&[usize]> =

@@ -21,7 +21,7 @@ use kiln_runtime::cpu::{cpu_caps, CpuContext, CpuPlan, CpuPlanImage, CpuWeights,
 use kiln_runtime::graph::{Bucket, Graph};
 use kiln_runtime::{HostTensor, Result};
 
-use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, Isa, Layout};
+use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, CodegenIsa, Layout};
 use crate::pipeline::run_pipeline;
 
 /// Options of a [`CpuBackend`].
@@ -41,7 +41,7 @@ impl Default for CpuOptions {
 /// The Cranelift CPU backend.
 pub struct CpuBackend {
     ctx: Arc<CpuContext>,
-    isa: Isa,
+    isa: CodegenIsa,
     opts: CpuOptions,
 }
 
@@ -75,7 +75,7 @@ impl CpuBackend {
     pub fn threads(&self) -> usize {
         self.ctx.threads()
     }
-    pub fn isa(&self) -> &Isa {
+    pub fn isa(&self) -> &CodegenIsa {
         &self.isa
     }
 

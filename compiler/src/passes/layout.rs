@@ -14,7 +14,7 @@ use kiln_runtime::Result;
 use super::{Pass, PassCtx};
 use crate::kernel_ir::WeightLayout;
 
-pub struct Layout;
+pub struct LayoutPass;
 
 /// The layout decision for every weight-table entry of `graph`.
 pub fn decide_layouts(graph: &Graph) -> Vec<WeightLayout> {
@@ -52,7 +52,7 @@ pub fn decide_layouts(graph: &Graph) -> Vec<WeightLayout> {
         .collect()
 }
 
-impl Pass for Layout {
+impl Pass for LayoutPass {
     fn name(&self) -> &'static str {
         "layout"
     }

@@ -56,7 +56,7 @@ pub fn standard_passes() -> Vec<Box<dyn Pass>> {
         Box::new(simplify::Simplify),
         Box::new(cse::Cse),
         Box::new(dce::Dce),
-        Box::new(layout::Layout),
+        Box::new(layout::LayoutPass),
     ]
 }
 

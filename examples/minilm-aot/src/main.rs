@@ -41,7 +41,7 @@ fn run() -> Result<()> {
     let graph = artifact.body.graph.clone();
     let buckets = artifact.header.buckets.clone();
     let weights = load_graph_weights(&SafetensorsLoader::new(), &dir.join("model.safetensors"), &graph.weights)?;
-    let engine = Engine::new(PrecompiledCpu::new(artifact), graph, &weights, &buckets, LowerPolicy::Jit)?;
+    let engine = Engine::new(PrecompiledCpu::new(artifact), graph, &weights, &buckets, LowerPolicy::OnFirstRequest)?;
 
     let tok_path = dir.join("tokenizer.json");
     let mut tok = tokenizers::Tokenizer::from_file(&tok_path)

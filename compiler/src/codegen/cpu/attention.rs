@@ -19,12 +19,12 @@ use kiln_runtime::DType;
 
 use super::elementwise::{coalesce, materialize, store_dense};
 use super::emit::{mf, Fx};
-use crate::kernel_ir::{dense_strides, Kernel, TensorRef};
+use crate::kernel_ir::{dense_strides, Kernel, BufferView};
 
 // Emitted for exactly this entry signature (see gemm.rs).
 const _: unsafe extern "C" fn(*const KernelTable, *const AttentionArgs) -> i32 = kiln_kernels::table::raw_attention_f32;
 
-fn direct(t: &TensorRef, dt: DType) -> bool {
+fn direct(t: &BufferView, dt: DType) -> bool {
     let r = t.rank();
     dt == DType::F32 && (t.strides[r - 1] == 1 || t.shape[r - 1] == 1)
 }
@@ -45,7 +45,7 @@ pub(crate) fn emit_attention(
         return 1;
     }
     let nb = batch.len();
-    let mut views: Vec<&TensorRef> = vec![&k.inputs[0], &k.inputs[1], &k.inputs[2], &k.output];
+    let mut views: Vec<&BufferView> = vec![&k.inputs[0], &k.inputs[1], &k.inputs[2], &k.output];
     if let Some(mk) = mask {
         views.push(&k.inputs[mk]);
     }

@@ -11,7 +11,7 @@ use kiln_runtime::DType;
 
 use super::emit::Fx;
 use super::expr::emit_expr;
-use crate::kernel_ir::{Expr, Kernel, TensorRef};
+use crate::kernel_ir::{Expr, Kernel, BufferView};
 
 /// One operand of a map: a base address, strides in ELEMENTS per iteration dim, a dtype.
 #[derive(Debug, Clone)]
@@ -172,7 +172,7 @@ fn emit_row(
 }
 
 /// The [`MapView`] of a kernel-IR view (whole iteration = the view's own shape).
-pub(crate) fn map_view(fx: &mut Fx, t: &TensorRef) -> MapView {
+pub(crate) fn map_view(fx: &mut Fx, t: &BufferView) -> MapView {
     let ptr = fx.view_base(t);
     MapView { ptr, strides: t.strides.iter().map(|&s| s as i64).collect(), dtype: fx.dtype(t.buffer) }
 }
@@ -221,7 +221,7 @@ pub(crate) fn emit_concat(fx: &mut Fx, k: &Kernel, axis: usize) -> u32 {
 }
 
 /// Copies view `t` (any dtype, any strides) into dense row-major f32 at `dst` (single task).
-pub(crate) fn materialize(fx: &mut Fx, t: &TensorRef, dst: Value) {
+pub(crate) fn materialize(fx: &mut Fx, t: &BufferView, dst: Value) {
     let src = map_view(fx, t);
     let dense = crate::kernel_ir::dense_strides(&t.shape);
     let out = MapView { ptr: dst, strides: dense.iter().map(|&s| s as i64).collect(), dtype: DType::F32 };
@@ -229,7 +229,7 @@ pub(crate) fn materialize(fx: &mut Fx, t: &TensorRef, dst: Value) {
 }
 
 /// Copies dense f32 at `src` (shape of `t`) into view `t` (converting to its dtype).
-pub(crate) fn store_dense(fx: &mut Fx, src: Value, t: &TensorRef) {
+pub(crate) fn store_dense(fx: &mut Fx, src: Value, t: &BufferView) {
     let dense = crate::kernel_ir::dense_strides(&t.shape);
     let s = MapView { ptr: src, strides: dense.iter().map(|&s| s as i64).collect(), dtype: DType::F32 };
     let d = map_view(fx, t);

@@ -13,7 +13,7 @@ use cranelift_frontend::{FunctionBuilder, Variable};
 use kiln_runtime::DType;
 
 use super::layout::{Base, Layout};
-use crate::kernel_ir::{BufferId, KernelProgram, TensorRef};
+use crate::kernel_ir::{BufferId, KernelProgram, BufferView};
 
 /// What every kernel's code generator can see.
 pub(crate) struct Env<'p> {
@@ -212,7 +212,7 @@ impl<'a, 'p> Fx<'a, 'p> {
         }
     }
     /// Address of a view's first element.
-    pub fn view_base(&mut self, t: &TensorRef) -> Value {
+    pub fn view_base(&mut self, t: &BufferView) -> Value {
         let base = self.buffer_base(t.buffer);
         let size = self.dtype(t.buffer).size();
         self.add_imm(base, (t.offset * size) as i64)

@@ -22,7 +22,7 @@ use kiln_runtime::DType;
 use super::elementwise::{coalesce, emit_map, MapBody, MapView};
 use super::emit::{mf, Fx};
 use super::expr::emit_expr;
-use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, TensorRef};
+use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, BufferView};
 
 // The calls below are emitted for these exact entry signatures: a change in kiln-kernels must
 // fail to compile here rather than be called with the wrong arguments.
@@ -92,7 +92,7 @@ enum Operand {
     Other,
 }
 
-fn operand_kind(t: &TensorRef, m: usize, n: usize, dt: DType) -> Operand {
+fn operand_kind(t: &BufferView, m: usize, n: usize, dt: DType) -> Operand {
     let r = t.rank();
     let (rs, cs) = (t.strides[r - 2], t.strides[r - 1]);
     if dt != DType::F32 || !(cs == 1 || n == 1) {
@@ -171,13 +171,13 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
     Some(Fused { bias, act, residual })
 }
 
-fn strides2(t: &TensorRef) -> (usize, usize) {
+fn strides2(t: &BufferView) -> (usize, usize) {
     let r = t.rank();
     (t.strides[r - 2], t.strides[r - 1])
 }
 
 /// How A reaches the GEMM: in place with this row stride, or copied dense.
-fn a_direct(t: &TensorRef, dt: DType, m: usize, k: usize) -> Option<usize> {
+fn a_direct(t: &BufferView, dt: DType, m: usize, k: usize) -> Option<usize> {
     let (ri, cp) = strides2(t);
     if dt != DType::F32 || !(cp == 1 || k <= 1) {
         return None;
@@ -192,7 +192,7 @@ fn a_direct(t: &TensorRef, dt: DType, m: usize, k: usize) -> Option<usize> {
 }
 
 /// How B is packed from its view: `(ldb, transposed)`, or `None` (copy dense first).
-fn b_packable(t: &TensorRef, dt: DType, k: usize, n: usize) -> Option<(usize, bool)> {
+fn b_packable(t: &BufferView, dt: DType, k: usize, n: usize) -> Option<(usize, bool)> {
     let (rp, cj) = strides2(t);
     if dt != DType::F32 {
         return None;
@@ -301,7 +301,7 @@ pub(crate) fn emit_gemm(
     fx.b.ins().store(mf(), sc, epi, 28);
 
     // Per-batch pointers: A, B, out, then every epilogue operand.
-    let mut views: Vec<&TensorRef> = vec![a, b, out];
+    let mut views: Vec<&BufferView> = vec![a, b, out];
     let epi_inputs: Vec<usize> = (2..k.inputs.len()).collect();
     for &l in &epi_inputs {
         views.push(&k.inputs[l]);

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use kiln_runtime::cpu::{Binding, WeightPrep, WeightSlot};
 use kiln_runtime::{DType, Error, Result, TensorData};
 
-use crate::kernel_ir::{BufferKind, KernelOp, KernelProgram, TensorRef, WeightLayout};
+use crate::kernel_ir::{BufferKind, KernelOp, KernelProgram, BufferView, WeightLayout};
 use crate::pipeline::Lowered;
 
 /// Alignment of every region the layout places, in bytes.
@@ -175,7 +175,7 @@ impl Layout {
     }
 
     /// Byte range `[start, end)` a view spans in the arena, if it lives there.
-    fn arena_span(&self, program: &KernelProgram, t: &TensorRef) -> Option<(usize, usize)> {
+    fn arena_span(&self, program: &KernelProgram, t: &BufferView) -> Option<(usize, usize)> {
         let Some(Base::Arena(o)) = self.base[t.buffer.index()] else { return None };
         let size = program.buffer(t.buffer).dtype.size();
         let ext = t.extent();
@@ -187,7 +187,7 @@ impl Layout {
 
     /// Whether two views may touch the same bytes (different buffers can share storage when
     /// the memory plan reuses an input's bytes in place).
-    pub fn overlap(&self, program: &KernelProgram, a: &TensorRef, b: &TensorRef) -> bool {
+    pub fn overlap(&self, program: &KernelProgram, a: &BufferView, b: &BufferView) -> bool {
         match (self.arena_span(program, a), self.arena_span(program, b)) {
             (Some((a0, a1)), Some((b0, b1))) => a0 < b1 && b0 < a1,
             _ => false,
@@ -195,7 +195,7 @@ impl Layout {
     }
 
     /// Whether two views name exactly the same elements at the same addresses.
-    pub fn same_elements(&self, program: &KernelProgram, a: &TensorRef, b: &TensorRef) -> bool {
+    pub fn same_elements(&self, program: &KernelProgram, a: &BufferView, b: &BufferView) -> bool {
         let sa = self.arena_span(program, a);
         sa.is_some()
             && sa == self.arena_span(program, b)

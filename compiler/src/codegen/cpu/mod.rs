@@ -39,7 +39,7 @@ use crate::kernel_ir::{Kernel, KernelOp, KernelProgram};
 use crate::pipeline::Lowered;
 use emit::{kernel_signature, Env, Fx};
 pub use layout::Layout;
-pub use module::{build_isa, CpuTarget, Isa};
+pub use module::{build_isa, CpuTarget, CodegenIsa};
 
 /// How to generate code.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ pub struct CompiledProgram {
 }
 
 /// Emits the CLIF function of kernel `ki`; returns it and the task count.
-fn build_kernel(env: &Env, isa: &Isa, ki: usize, k: &Kernel, fctx: &mut FunctionBuilderContext) -> (Function, u32, usize) {
+fn build_kernel(env: &Env, isa: &CodegenIsa, ki: usize, k: &Kernel, fctx: &mut FunctionBuilderContext) -> (Function, u32, usize) {
     let mut func = Function::with_name_signature(UserFuncName::user(0, ki as u32), kernel_signature());
     let b = FunctionBuilder::new(&mut func, fctx);
     let mut fx = Fx::new(b, env);
@@ -105,7 +105,7 @@ pub fn compile_program(lowered: &Lowered, opts: &CodegenOptions) -> Result<Compi
 }
 
 /// [`compile_program`] with an ISA built once by the caller.
-pub fn compile_with_isa(lowered: &Lowered, opts: &CodegenOptions, isa: &Isa) -> Result<CompiledProgram> {
+pub fn compile_with_isa(lowered: &Lowered, opts: &CodegenOptions, isa: &CodegenIsa) -> Result<CompiledProgram> {
     let t0 = Instant::now();
     let program: &KernelProgram = &lowered.program;
     program.validate()?;

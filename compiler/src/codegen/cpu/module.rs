@@ -39,15 +39,15 @@ impl CpuTarget {
 
 /// A built ISA and the runtime feature names the code may use.
 #[derive(Clone)]
-pub struct Isa {
+pub struct CodegenIsa {
     pub isa: Arc<dyn TargetIsa>,
     pub features: Vec<String>,
     pub has_fma: bool,
 }
 
-impl std::fmt::Debug for Isa {
+impl std::fmt::Debug for CodegenIsa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Isa").field("features", &self.features).finish()
+        f.debug_struct("CodegenIsa").field("features", &self.features).finish()
     }
 }
 
@@ -56,7 +56,7 @@ fn berr(m: impl std::fmt::Display) -> Error {
 }
 
 /// Builds the ISA for `target`.
-pub fn build_isa(target: &CpuTarget) -> Result<Isa> {
+pub fn build_isa(target: &CpuTarget) -> Result<CodegenIsa> {
     if !cfg!(target_arch = "x86_64") && *target == CpuTarget::Host {
         return Err(Error::Unsupported("the CPU backend generates x86-64 code; this host is not x86-64".into()));
     }
@@ -91,11 +91,11 @@ pub fn build_isa(target: &CpuTarget) -> Result<Isa> {
         .map(|(n, _)| n.to_string())
         .collect();
     let has_fma = features.iter().any(|f| f == "fma");
-    Ok(Isa { isa, features, has_fma })
+    Ok(CodegenIsa { isa, features, has_fma })
 }
 
 /// Compiles one function into raw bytes; refuses relocations.
-pub fn compile_function(isa: &Isa, func: Function, ctx: &mut Context) -> Result<Vec<u8>> {
+pub fn compile_function(isa: &CodegenIsa, func: Function, ctx: &mut Context) -> Result<Vec<u8>> {
     ctx.clear();
     let name = func.name.to_string();
     ctx.func = func;

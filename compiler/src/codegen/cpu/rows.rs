@@ -8,7 +8,7 @@ use kiln_runtime::DType;
 use super::elementwise::coalesce;
 use super::emit::Fx;
 use super::expr::emit_expr;
-use crate::kernel_ir::{Expr, Kernel, TensorRef};
+use crate::kernel_ir::{Expr, Kernel, BufferView};
 
 /// One row kernel's shape and views.
 pub(crate) struct Rows<'k> {
@@ -35,13 +35,13 @@ pub(crate) struct RowPtrs {
     pub hoisted: Vec<Option<Value>>,
 }
 
-fn last_stride(t: &TensorRef) -> i64 {
+fn last_stride(t: &BufferView) -> i64 {
     *t.strides.last().unwrap_or(&0) as i64
 }
 
 impl<'k> Rows<'k> {
     /// `extra` are other per-column views (gamma, beta) that must allow vector access too.
-    pub fn new(fx: &Fx, k: &'k Kernel, prologue: &'k Expr, extra: &[&TensorRef]) -> Self {
+    pub fn new(fx: &Fx, k: &'k Kernel, prologue: &'k Expr, extra: &[&BufferView]) -> Self {
         let loads = prologue.loads();
         let load_dt: Vec<DType> = loads.iter().map(|&l| fx.dtype(k.inputs[l].buffer)).collect();
         let load_cs: Vec<i64> = loads.iter().map(|&l| last_stride(&k.inputs[l])).collect();
@@ -69,7 +69,7 @@ impl<'k> Rows<'k> {
             return;
         }
         let r = self.k.output.rank();
-        let mut views: Vec<&TensorRef> = self.loads.iter().map(|&l| &self.k.inputs[l]).collect();
+        let mut views: Vec<&BufferView> = self.loads.iter().map(|&l| &self.k.inputs[l]).collect();
         views.push(&self.k.output);
         let ptrs: Vec<Value> = views.iter().map(|t| fx.view_base(t)).collect();
         let sizes: Vec<i64> = views.iter().map(|t| fx.dtype(t.buffer).size() as i64).collect();

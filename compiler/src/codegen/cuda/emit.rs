@@ -20,7 +20,7 @@ use kiln_runtime::{DType, Error, Result};
 use super::expr::CudaPrims;
 use super::template::{self, specialize};
 use crate::ops;
-use crate::kernel_ir::{Buffer, BufferId, BufferKind, Expr, ExprNode, Kernel, KernelOp, KernelProgram, NormKind, TensorRef, WeightLayout};
+use crate::kernel_ir::{Buffer, BufferId, BufferKind, Expr, ExprNode, Kernel, KernelOp, KernelProgram, NormKind, BufferView, WeightLayout};
 
 /// Where a buffer's bytes live on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum BufLoc {
 
 /// Device placement of every buffer of a program.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Placement {
+pub struct DevicePlacement {
     pub locs: Vec<BufLoc>,
     pub arena_bytes: u64,
     /// Bytes of each plan constant (the buffer's dtype, little-endian).
@@ -53,12 +53,12 @@ fn constant_bytes(b: &Buffer, values: &[f32]) -> Vec<u8> {
     kiln_runtime::cuda::tensor_bytes(&data).to_vec()
 }
 
-impl Placement {
+impl DevicePlacement {
     /// Places the program's buffers: arena buffers at the memory plan's `offsets` (indexed like
     /// `program.buffers`, `Some` for every [`BufferKind::Arena`] buffer) inside `planned_bytes`;
     /// graph inputs and outputs in their own slots after that; weights and constants in their
     /// own device buffers.
-    pub fn new(program: &KernelProgram, offsets: &[Option<u64>], planned_bytes: u64) -> Result<Placement> {
+    pub fn new(program: &KernelProgram, offsets: &[Option<u64>], planned_bytes: u64) -> Result<DevicePlacement> {
         if offsets.len() != program.buffers.len() {
             return Err(Error::Backend(format!(
                 "memory plan covers {} buffers, the program has {}",
@@ -97,11 +97,11 @@ impl Placement {
             };
             locs.push(loc);
         }
-        Ok(Placement { locs, arena_bytes: next, constants })
+        Ok(DevicePlacement { locs, arena_bytes: next, constants })
     }
 
     /// A placement without a memory plan: every arena buffer gets its own slot (no reuse).
-    pub fn unshared(program: &KernelProgram) -> Placement {
+    pub fn unshared(program: &KernelProgram) -> DevicePlacement {
         let mut offsets = Vec::with_capacity(program.buffers.len());
         let mut next = 0u64;
         for b in &program.buffers {
@@ -112,7 +112,7 @@ impl Placement {
                 offsets.push(None);
             }
         }
-        Placement::new(program, &offsets, next).expect("an unshared placement is valid")
+        DevicePlacement::new(program, &offsets, next).expect("an unshared placement is valid")
     }
 
     fn byte_range(&self, program: &KernelProgram, b: BufferId) -> (u8, u64, u64) {
@@ -181,7 +181,7 @@ pub struct EmittedModule {
 }
 
 /// Emits every kernel of `program` for `target` with buffers at `place`.
-pub fn emit_program(program: &KernelProgram, place: &Placement, target: &CudaTarget) -> Result<EmittedModule> {
+pub fn emit_program(program: &KernelProgram, place: &DevicePlacement, target: &CudaTarget) -> Result<EmittedModule> {
     let mut kernels = Vec::with_capacity(program.kernels.len());
     for (i, k) in program.kernels.iter().enumerate() {
         kernels.push(emit_kernel(program, place, target, i, k)?);
@@ -287,7 +287,7 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn new(prog: &'a KernelProgram, place: &Placement, index: usize, kernel: &'a Kernel) -> Result<Ctx<'a>> {
+    fn new(prog: &'a KernelProgram, place: &DevicePlacement, index: usize, kernel: &'a Kernel) -> Result<Ctx<'a>> {
         let mut bufs: Vec<BufferId> = Vec::new();
         for t in kernel.inputs.iter().chain(std::iter::once(&kernel.output)) {
             if !bufs.contains(&t.buffer) {
@@ -334,7 +334,7 @@ impl<'a> Ctx<'a> {
 
     /// The view in the buffer's device layout: a transposed weight is read in its checkpoint
     /// layout (see the module docs).
-    fn device_view(&self, v: &TensorRef) -> Result<TensorRef> {
+    fn device_view(&self, v: &BufferView) -> Result<BufferView> {
         let b = self.prog.buffer(v.buffer);
         if !matches!(b.kind, BufferKind::Weight { layout: WeightLayout::Transposed, .. }) {
             return Ok(v.clone());
@@ -358,12 +358,12 @@ impl<'a> Ctx<'a> {
         if qmax >= r || pmax >= c {
             return Err(self.err(format!("view {v} of transposed weight `{}` does not map to its checkpoint layout", b.name)));
         }
-        Ok(TensorRef { buffer: v.buffer, offset: q0 * c + p0, shape: v.shape.clone(), strides })
+        Ok(BufferView { buffer: v.buffer, offset: q0 * c + p0, shape: v.shape.clone(), strides })
     }
 
     /// Element index of `v` at coordinates `coords` (C expressions, one per dim; dims of size
     /// 1 are skipped, so their coordinate may be anything).
-    fn index(&self, v: &TensorRef, coords: &[String]) -> Result<String> {
+    fn index(&self, v: &BufferView, coords: &[String]) -> Result<String> {
         let v = self.device_view(v)?;
         debug_assert_eq!(coords.len(), v.rank());
         let mut terms = Vec::new();
@@ -385,15 +385,15 @@ impl<'a> Ctx<'a> {
 
     /// `base + coords·strides` of the trailing dims of `v` (`base` an index variable of the
     /// leading dims, from [`Ctx::index`] over a prefix of coordinates).
-    fn split_index(&self, v: &TensorRef, lead: usize, lead_coords: &[String]) -> Result<(String, TensorRef)> {
+    fn split_index(&self, v: &BufferView, lead: usize, lead_coords: &[String]) -> Result<(String, BufferView)> {
         let dv = self.device_view(v)?;
-        let head = TensorRef {
+        let head = BufferView {
             buffer: dv.buffer,
             offset: dv.offset,
             shape: dv.shape[..lead].to_vec(),
             strides: dv.strides[..lead].to_vec(),
         };
-        let tail = TensorRef { buffer: dv.buffer, offset: 0, shape: dv.shape[lead..].to_vec(), strides: dv.strides[lead..].to_vec() };
+        let tail = BufferView { buffer: dv.buffer, offset: 0, shape: dv.shape[lead..].to_vec(), strides: dv.strides[lead..].to_vec() };
         let base = {
             let mut terms = Vec::new();
             if head.offset != 0 {
@@ -415,7 +415,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Tail index relative to a base variable (tail views are already in device layout).
-    fn tail_index(&self, base: &str, tail: &TensorRef, coords: &[String]) -> String {
+    fn tail_index(&self, base: &str, tail: &BufferView, coords: &[String]) -> String {
         let mut terms = vec![base.to_string()];
         for ((&n, &s), c) in tail.shape.iter().zip(&tail.strides).zip(coords) {
             if n == 1 || s == 0 {
@@ -434,7 +434,7 @@ impl<'a> Ctx<'a> {
         format!("{}[{index}] = {};", self.p(b), from_f32(self.dtype(b), v))
     }
 
-    fn check_shape(&self, what: &str, v: &TensorRef, shape: &[usize]) -> Result<()> {
+    fn check_shape(&self, what: &str, v: &BufferView, shape: &[usize]) -> Result<()> {
         if v.shape != shape || v.strides.len() != shape.len() {
             return Err(Error::Backend(format!(
                 "kernel `{}`: {what} view has shape {:?}, the kernel needs {shape:?}",
@@ -541,7 +541,7 @@ fn grid_1d(ctx: &Ctx, n: u64, per_block: u64) -> Result<[u32; 3]> {
     Ok([blocks as u32, 1, 1])
 }
 
-fn emit_kernel(prog: &KernelProgram, place: &Placement, target: &CudaTarget, index: usize, k: &Kernel) -> Result<EmittedKernel> {
+fn emit_kernel(prog: &KernelProgram, place: &DevicePlacement, target: &CudaTarget, index: usize, k: &Kernel) -> Result<EmittedKernel> {
     let ctx = Ctx::new(prog, place, index, k)?;
     let out = emit_kernel_body(&ctx, target)?;
     let shared = static_shared_bytes(&out.kind);
@@ -759,7 +759,7 @@ fn emit_row(ctx: &Ctx, kind: RowKind, prologue: &Expr) -> Result<Body> {
     let (rc, rnames) = coords_code("    ", "row", &shape[..lead], "r");
     let mut row_coords = rc;
     // Row bases of every input the prologue loads and of the output.
-    let mut tails: Vec<Option<TensorRef>> = vec![None; k.inputs.len()];
+    let mut tails: Vec<Option<BufferView>> = vec![None; k.inputs.len()];
     let param_inputs: Vec<usize> = match &kind {
         RowKind::Norm { gamma, beta, .. } => std::iter::once(*gamma).chain(*beta).collect(),
         RowKind::Softmax => vec![],
@@ -881,7 +881,7 @@ fn emit_reduce(ctx: &Ctx, op: ReduceOp, shape: &[usize], reduced: usize, prologu
     let (oc, onames) = coords_code("    ", "o", &shape[..lead], "oc");
     let mut outer_code = oc;
     let (ic, inames) = coords_code("        ", "r", &shape[lead..], "ic");
-    let mut tails: Vec<Option<TensorRef>> = vec![None; k.inputs.len()];
+    let mut tails: Vec<Option<BufferView>> = vec![None; k.inputs.len()];
     for j in prologue.loads() {
         let t = k.inputs.get(j).ok_or_else(|| ctx.err(format!("prologue loads input {j}")))?;
         ctx.check_shape(&format!("input {j}"), t, shape)?;
@@ -925,7 +925,7 @@ fn emit_reduce(ctx: &Ctx, op: ReduceOp, shape: &[usize], reduced: usize, prologu
 }
 
 /// `const IDX {name} = base;` lines for the views `views` at batch coordinates `zc`.
-fn batch_code(ctx: &Ctx, batch: &[usize], zc_names: &[String], views: &[(&str, &TensorRef)]) -> Result<(String, Vec<TensorRef>)> {
+fn batch_code(ctx: &Ctx, batch: &[usize], zc_names: &[String], views: &[(&str, &BufferView)]) -> Result<(String, Vec<BufferView>)> {
     let mut code = String::new();
     let mut tails = Vec::new();
     for (name, v) in views {
@@ -975,12 +975,12 @@ fn emit_gemm(
 
     // Batch coordinates and per-operand bases.
     let (zcode, znames) = coords_code("    ", "blockIdx.z", batch, "z");
-    let mut views: Vec<(String, &TensorRef)> = vec![("a_base".into(), &k.inputs[0]), ("b_base".into(), &k.inputs[1])];
+    let mut views: Vec<(String, &BufferView)> = vec![("a_base".into(), &k.inputs[0]), ("b_base".into(), &k.inputs[1])];
     for j in 2..k.inputs.len() {
         views.push((format!("e{j}_base"), &k.inputs[j]));
     }
     views.push(("o_base".into(), &k.output));
-    let vrefs: Vec<(&str, &TensorRef)> = views.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let vrefs: Vec<(&str, &BufferView)> = views.iter().map(|(n, v)| (n.as_str(), *v)).collect();
     let (bcode, tails) = batch_code(ctx, batch, &znames, &vrefs)?;
     let batch_block = format!("{zcode}{bcode}");
     let (at, bt) = (&tails[0], &tails[1]);
@@ -1137,7 +1137,7 @@ fn emit_attention(
         return Err(ctx.err(format!("{nbatch} attention problems (grid y is at most 65535)")));
     }
     let (zcode, znames) = coords_code("    ", "blockIdx.y", batch, "z");
-    let mut views: Vec<(&str, &TensorRef)> = vec![("q_base", &k.inputs[0]), ("k_base", &k.inputs[1]), ("v_base", &k.inputs[2])];
+    let mut views: Vec<(&str, &BufferView)> = vec![("q_base", &k.inputs[0]), ("k_base", &k.inputs[1]), ("v_base", &k.inputs[2])];
     if let Some(mi) = mask {
         let mv = k.inputs.get(mi).ok_or_else(|| ctx.err(format!("mask input {mi} missing")))?;
         ctx.check_shape("mask", mv, &bshape([sq, skv]))?;

@@ -20,9 +20,9 @@ mod expr;
 pub mod nvrtc;
 pub mod template;
 
-pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, EmittedModule, Param, Placement};
+pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, EmittedModule, Param, DevicePlacement};
 
-use kiln_runtime::cuda::{CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightSlot, CUDA_PLAN_VERSION};
+use kiln_runtime::cuda::{CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightEntry, CUDA_PLAN_VERSION};
 use kiln_runtime::{Error, Graph, Result};
 
 use crate::kernel_ir::KernelProgram;
@@ -30,9 +30,9 @@ use crate::kernel_ir::KernelProgram;
 /// The launch list and I/O bindings of an emitted module, with empty code: the plan minus PTX.
 pub fn plan_skeleton(
     program: &KernelProgram,
-    place: &Placement,
+    place: &DevicePlacement,
     module: &EmittedModule,
-    weights: Vec<WeightSlot>,
+    weights: Vec<WeightEntry>,
 ) -> Result<CudaPlanSpec> {
     let arg = |b: crate::kernel_ir::BufferId| -> KernelArg {
         match place.locs[b.index()] {
@@ -87,8 +87,8 @@ pub fn plan_skeleton(
 }
 
 /// The weight table of `graph` as the plan records it (checkpoint dtype and shape).
-pub fn weight_slots(graph: &Graph) -> Vec<WeightSlot> {
-    graph.weights.iter().map(|w| WeightSlot { dtype: w.dtype, shape: w.shape.clone() }).collect()
+pub fn weight_slots(graph: &Graph) -> Vec<WeightEntry> {
+    graph.weights.iter().map(|w| WeightEntry { dtype: w.dtype, shape: w.shape.clone() }).collect()
 }
 
 /// A program compiled for one GPU architecture.
@@ -100,11 +100,11 @@ pub struct CompiledCuda {
 
 /// Emits `program`, compiles it with NVRTC (and ptxas where installed) for `target`, and
 /// returns the serializable plan. Needs NVRTC, not a GPU.
-pub fn compile_program(
+pub fn compile_to_plan(
     program: &KernelProgram,
-    place: &Placement,
+    place: &DevicePlacement,
     target: &CudaTarget,
-    weights: Vec<WeightSlot>,
+    weights: Vec<WeightEntry>,
 ) -> Result<CompiledCuda> {
     let module = emit_program(program, place, target)?;
     let mut spec = plan_skeleton(program, place, &module, weights)?;
@@ -124,16 +124,16 @@ pub fn compile_program(
 #[derive(Debug, Clone)]
 pub struct EmittedPlan {
     pub lowered: crate::pipeline::Lowered,
-    pub place: Placement,
+    pub place: DevicePlacement,
     pub module: EmittedModule,
     /// The plan with empty code (`ptx` is filled by [`compile_graph`]).
     pub spec: CudaPlanSpec,
 }
 
 /// The GPU placement of a lowered bucket (the memory plan's offsets).
-pub fn placement(lowered: &crate::pipeline::Lowered) -> Result<Placement> {
+pub fn placement(lowered: &crate::pipeline::Lowered) -> Result<DevicePlacement> {
     let offsets: Vec<Option<u64>> = lowered.plan.offsets.iter().map(|o| o.map(|x| x as u64)).collect();
-    Placement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)
+    DevicePlacement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)
 }
 
 /// Runs the middle-end for `bucket` and emits CUDA C for `target`.
@@ -149,7 +149,7 @@ pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarg
 /// (NVRTC PTX, plus a cubin where ptxas is installed). Needs NVRTC, not a GPU.
 pub fn compile_lowered(graph: &Graph, lowered: &crate::pipeline::Lowered, target: &CudaTarget) -> Result<CompiledCuda> {
     nvrtc::require_nvrtc()?;
-    compile_program(&lowered.program, &placement(lowered)?, target, weight_slots(graph))
+    compile_to_plan(&lowered.program, &placement(lowered)?, target, weight_slots(graph))
 }
 
 /// Lowers `graph` for `bucket` all the way to a serializable GPU plan for `target`: the
