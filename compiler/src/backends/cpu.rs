@@ -127,6 +127,9 @@ impl Backend for CpuBackend {
     fn upload(&self, tensors: &[HostTensor], graph: &Graph) -> Result<CpuWeights> {
         check_weights(tensors, graph)?;
         let w = CpuWeights::new(tensors.to_vec());
+        // Only a head start: a graph that cannot be lowered at 1×1 (a bucket-dependent shape)
+        // still uploads, and each bucket's lowering prepares its own slots and reports its own
+        // errors. Errors of the preparation itself are returned.
         if let Ok(lowered) = run_pipeline(graph, Bucket::new(1, 1)) {
             if let Ok(layout) = Layout::new(&lowered) {
                 for s in &layout.slots {
