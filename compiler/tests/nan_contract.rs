@@ -121,14 +121,18 @@ fn all_backends(what: &str, g: &Graph, weights: &[HostTensor], inputs: &[HostTen
     errs
 }
 
+/// The 18 specials, then 3 more so the 4-lane body and the scalar tail both see specials.
+fn op_inputs() -> Vec<f32> {
+    SPECIALS.iter().chain(&SPECIALS[..3]).copied().collect()
+}
+
 fn vector_input(b: &mut GraphBuilder, name: &str, n: usize) -> kiln_runtime::graph::ValueId {
     b.input(name, DType::F32, vec![Dim::Fixed(n)], InputRole::Other).unwrap()
 }
 
 #[test]
 fn every_unary_op_on_special_values() {
-    // 18 values, then 3 more so the 4-lane body and the scalar tail both see specials.
-    let xs: Vec<f32> = SPECIALS.iter().chain(&SPECIALS[..3]).copied().collect();
+    let xs = op_inputs();
     let mut errs = Vec::new();
     for op in ops::unary::ALL {
         let mut b = GraphBuilder::new();
@@ -146,7 +150,7 @@ fn every_unary_op_on_special_values() {
 /// Relu, the GELUs, Tanh and SiLU with the kernel library's activations.
 #[test]
 fn every_unary_op_as_a_gemm_epilogue() {
-    let xs: Vec<f32> = SPECIALS.iter().chain(&SPECIALS[..3]).copied().collect();
+    let xs = op_inputs();
     let mut errs = Vec::new();
     for op in ops::unary::ALL {
         let mut b = GraphBuilder::new();

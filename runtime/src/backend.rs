@@ -135,15 +135,10 @@ impl Batch {
         let mut out = Vec::with_capacity(self.tensors.len());
         for (t, spec) in self.tensors.iter().zip(&graph.inputs) {
             let to: Vec<usize> = spec.shape.iter().map(|d| d.resolve(bucket)).collect();
-            out.push(pad_tensor(t, &to));
+            out.push(t.resized(&to));
         }
         Ok(Batch { tensors: out })
     }
-}
-
-/// Copies `t` into a zero tensor of shape `to` (every dim of `to` >= that of `t`).
-pub fn pad_tensor(t: &HostTensor, to: &[usize]) -> HostTensor {
-    t.resized(to)
 }
 
 /// Outputs of one run, one tensor per [`Graph::outputs`] entry, at the bucket's full size.

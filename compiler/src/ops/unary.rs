@@ -39,6 +39,15 @@ pub fn domain(op: UnaryOp) -> Domain {
     }
 }
 
+/// `x/2 · (1 + t)`: both GELUs' outer form, in PyTorch's order (see `Gelu`).
+fn half_x_one_plus<P: Prims>(p: &mut P, x: P::V, t: P::V) -> P::V {
+    let half = p.c(0.5);
+    let hx = p.mul(x, half);
+    let one = p.c(1.0);
+    let s = p.add(one, t);
+    p.mul(hx, s)
+}
+
 /// `op(x)`.
 pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
     match op {
@@ -49,11 +58,7 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let k = p.c(std::f64::consts::FRAC_1_SQRT_2);
             let u = p.mul(x, k);
             let e = p.erf(u);
-            let half = p.c(0.5);
-            let hx = p.mul(x, half);
-            let one = p.c(1.0);
-            let s = p.add(one, e);
-            p.mul(hx, s)
+            half_x_one_plus(p, x, e)
         }
         // x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³))): HF `gelu_new`, `gelu_pytorch_tanh`.
         UnaryOp::GeluTanh => {
@@ -64,11 +69,7 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let k = p.c((2.0 / std::f64::consts::PI).sqrt());
             let u = p.mul(k, t);
             let th = p.tanh(u);
-            let half = p.c(0.5);
-            let hx = p.mul(x, half);
-            let one = p.c(1.0);
-            let s = p.add(one, th);
-            p.mul(hx, s)
+            half_x_one_plus(p, x, th)
         }
         UnaryOp::Tanh => p.tanh(x),
         // NaN < 0 is false: NaN stays NaN.

@@ -87,7 +87,7 @@ pub fn plan_skeleton(
 }
 
 /// The weight table of `graph` as the plan records it (checkpoint dtype and shape).
-pub fn weight_slots(graph: &Graph) -> Vec<WeightEntry> {
+pub fn weight_entries(graph: &Graph) -> Vec<WeightEntry> {
     graph.weights.iter().map(|w| WeightEntry { dtype: w.dtype, shape: w.shape.clone() }).collect()
 }
 
@@ -141,7 +141,7 @@ pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarg
     let lowered = crate::pipeline::run_pipeline(graph, bucket)?;
     let place = placement(&lowered)?;
     let module = emit_program(&lowered.program, &place, target)?;
-    let spec = plan_skeleton(&lowered.program, &place, &module, weight_slots(graph))?;
+    let spec = plan_skeleton(&lowered.program, &place, &module, weight_entries(graph))?;
     Ok(EmittedPlan { lowered, place, module, spec })
 }
 
@@ -149,13 +149,12 @@ pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarg
 /// (NVRTC PTX, plus a cubin where ptxas is installed). Needs NVRTC, not a GPU.
 pub fn compile_lowered(graph: &Graph, lowered: &crate::pipeline::Lowered, target: &CudaTarget) -> Result<CompiledCuda> {
     nvrtc::require_nvrtc()?;
-    compile_to_plan(&lowered.program, &placement(lowered)?, target, weight_slots(graph))
+    compile_to_plan(&lowered.program, &placement(lowered)?, target, weight_entries(graph))
 }
 
 /// Lowers `graph` for `bucket` all the way to a serializable GPU plan for `target`: the
 /// middle end, then [`compile_lowered`]. This is also how GPU plans are compiled ahead of time
 /// on a build machine.
 pub fn compile_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<CompiledCuda> {
-    nvrtc::require_nvrtc()?;
     compile_lowered(graph, &crate::pipeline::run_pipeline(graph, bucket)?, target)
 }
