@@ -384,13 +384,14 @@ fn keygen(prefix: &std::path::Path) -> Result<()> {
 }
 
 fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<()> {
-    use kiln_runtime::artifact::{hex, Artifact, PlanPayload, FORMAT_VERSION};
+    use kiln_runtime::artifact::{Artifact, PlanPayload, FORMAT_VERSION};
+    use kiln_runtime::signature::hex;
     let t = std::time::Instant::now();
     let a = Artifact::from_file_with(path, trust).map_err(|e| in_file(path, e))?;
     let verify_ms = t.elapsed().as_secs_f64() * 1e3;
     let size = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len();
     println!("file: {} ({size} bytes)", path.display());
-    println!("format: {FORMAT_VERSION:08x} (hash of the serialized types, runtime/build.rs)");
+    println!("format: {FORMAT_VERSION:08x} (hash of the serialized types, format/build.rs)");
     println!("kiln version: {}", a.header.kiln_version);
     println!("target: {}", a.header.target);
     println!("graph fingerprint: {}", hex(&a.header.fingerprint));
@@ -410,29 +411,17 @@ fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<
         let ms = verify_ms + t.elapsed().as_secs_f64() * 1e3;
         println!("load (verify + map code + arenas of all buckets): {ms:.2} ms");
     }
-    // Decode and validate every GPU plan as a load would (without a device: no code is loaded).
-    let mut gpu = Vec::new();
+    // Check every GPU plan against the artifact as a load would (without a device: no code is
+    // loaded; the container validated each plan as it decoded).
     if let kiln_runtime::artifact::Target::Cuda { .. } = a.header.target {
         let t = std::time::Instant::now();
         for &b in &a.header.buckets {
-            gpu.push(kiln_runtime::cuda::plan_from_artifact(&a, b).map_err(|e| in_file(path, e))?);
+            kiln_runtime::cuda::plan_from_artifact(&a, b).map_err(|e| in_file(path, e))?;
         }
-        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let ms = verify_ms + t.elapsed().as_secs_f64() * 1e3;
         println!("GPU plans decoded and validated (launches, bindings, PTX entries) in {ms:.2} ms");
     }
-    for (i, (b, p)) in a.header.buckets.iter().zip(&a.body.plans).enumerate() {
-        if let Some(s) = gpu.get(i) {
-            println!(
-                "bucket {b}: gpu plan {}, {} launches, PTX {} bytes, cubin {}, arena {} bytes, constants {} bytes",
-                s.arch,
-                s.launches.len(),
-                s.ptx.len(),
-                s.cubin.as_ref().map_or("none".to_string(), |c| format!("{} bytes", c.len())),
-                s.arena_bytes,
-                s.constants.iter().map(|c| c.len()).sum::<usize>()
-            );
-            continue;
-        }
+    for (b, p) in a.header.buckets.iter().zip(&a.body.plans) {
         match p {
             PlanPayload::Cpu(img) => println!(
                 "bucket {b}: {} kernels, code {} bytes, arena {} bytes, features {}",
@@ -441,7 +430,15 @@ fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<
                 img.arena_bytes,
                 img.required_features.join(",")
             ),
-            PlanPayload::Cuda(bytes) => println!("bucket {b}: cuda plan, {} bytes", bytes.len()),
+            PlanPayload::Cuda(s) => println!(
+                "bucket {b}: gpu plan {}, {} launches, PTX {} bytes, cubin {}, arena {} bytes, constants {} bytes",
+                s.arch,
+                s.launches.len(),
+                s.ptx.len(),
+                s.cubin.as_ref().map_or("none".to_string(), |c| format!("{} bytes", c.len())),
+                s.arena_bytes,
+                s.constants.iter().map(|c| c.len()).sum::<usize>()
+            ),
         }
     }
     Ok(())
@@ -468,7 +465,7 @@ fn embed_precompiled(
         },
         other => other,
     })?;
-    let graph = artifact.body.graph.clone();
+    let graph = artifact.body.signature.graph();
     let buckets = artifact.header.buckets.clone();
     let weights = || {
         kiln_runtime::load_graph_weights(&kiln_runtime::SafetensorsLoader::new(), &m.dir.join("model.safetensors"), &graph.weights)

@@ -112,7 +112,7 @@ fn artifact_seed() -> &'static [u8] {
 /// CPU plan (code and arena). Nothing is executed.
 fn load_artifact(bytes: &[u8]) {
     if let Ok(a) = Artifact::from_bytes(bytes) {
-        let _ = a.check_graph(&a.body.graph);
+        let _ = a.check_signature(&a.body.signature.graph());
         for p in &a.body.plans {
             if let kiln_runtime::artifact::PlanPayload::Cpu(img) = p {
                 let _ = CpuExecutable::load(img.clone());

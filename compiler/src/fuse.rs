@@ -87,7 +87,8 @@ enum Class {
 
 fn class(op: &Op) -> Class {
     match op {
-        Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Class::Leaf,
+        // A precompiled output never gets here: validation refuses it before any pass.
+        Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::Precompiled { .. } => Class::Leaf,
         Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } => Class::View,
         Op::Binary(_) | Op::Unary(_) | Op::Where | Op::Cast { .. } => Class::Elem,
         Op::MatMul { .. } => Class::MatMul,
@@ -984,6 +985,7 @@ pub fn op_kind(op: &Op) -> &'static str {
         Op::Reduce { .. } => "reduce",
         Op::Where => "where",
         Op::Cast { .. } => "cast",
+        Op::Precompiled { .. } => "precompiled",
     }
 }
 

@@ -7,6 +7,7 @@
 //! `KILN_DUMP=pass[,pass..]` (or `all`) prints the IR after those stages to stderr;
 //! [`dump_after`] returns the same text (`kiln compile --dump-after PASS`).
 
+use crate::ir::GraphExt as _;
 use std::collections::BTreeMap;
 use std::fmt;
 

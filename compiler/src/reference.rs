@@ -21,6 +21,7 @@
 
 mod kernels;
 
+use crate::ir::GraphExt as _;
 use std::sync::Arc;
 
 use kiln_runtime::backend::{check_weights, Backend, Batch, Caps, Outputs};
@@ -494,6 +495,9 @@ fn build_kernel(g: &Graph, i: usize, shapes: &[Vec<usize>], srcs: &[Src]) -> Res
             ),
         },
         Op::Cast { to } => Kernel::Cast { to: *to, x: src(0) },
+        Op::Precompiled { .. } => {
+            return Err(Error::graph(&node.name, "is an output of a precompiled plan, which the reference cannot run"))
+        }
     };
     Ok(Some(kernel))
 }

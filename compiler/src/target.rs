@@ -61,7 +61,7 @@ impl Target for Cuda {
         artifact::Target::Cuda { major: self.0.sm / 10, minor: self.0.sm % 10 }
     }
     fn compile(&self, graph: &Graph, lowered: &Lowered) -> Result<PlanPayload> {
-        Ok(PlanPayload::Cuda(kiln_runtime::cuda::encode_plan(&compile_lowered(graph, lowered, &self.0)?.spec)))
+        Ok(PlanPayload::Cuda(compile_lowered(graph, lowered, &self.0)?.spec))
     }
 }
 

@@ -2,6 +2,7 @@
 //! compiler-free `PrecompiledCpu` — same outputs, bit for bit, as the JIT plan; missing buckets
 //! and other graphs are typed errors.
 
+use kiln_runtime::cpu::verify_image;
 use kiln_compiler::backends::cpu::CpuBackend;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_testkit::random::{random_inputs, random_weights, Rng};
@@ -63,21 +64,21 @@ fn tampered_images_are_rejected_before_mapping() {
     let g = graph(1);
     let jit = CpuBackend::single_threaded().unwrap();
     let (c, _) = jit.compile(&g, Bucket::new(1, 4), false).unwrap();
-    c.image.verify().unwrap();
+    verify_image(&c.image).unwrap();
     let mut i = c.image.clone();
     i.arena_init.push((i.arena_bytes - 2, vec![0; 8]));
-    assert!(matches!(i.verify(), Err(Error::Artifact { .. })));
+    assert!(matches!(verify_image(&i), Err(Error::Artifact { .. })));
     let mut i = c.image.clone();
     if let Some(s) = i.weights.iter_mut().find(|s| matches!(s.prep, WeightPrep::PackedB { .. })) {
         if let WeightPrep::PackedB { offset, .. } = &mut s.prep {
             *offset += 1 << 20;
         }
     }
-    assert!(matches!(i.verify(), Err(Error::Artifact { .. })));
+    assert!(matches!(verify_image(&i), Err(Error::Artifact { .. })));
     let mut i = c.image.clone();
     i.kernel_abi += 1;
-    assert!(i.verify().unwrap_err().to_string().contains("ABI"));
+    assert!(verify_image(&i).unwrap_err().to_string().contains("ABI"));
     let mut i = c.image.clone();
     i.inputs[0].offset = i.outputs[0].offset;
-    assert!(i.verify().unwrap_err().to_string().contains("overlap"));
+    assert!(verify_image(&i).unwrap_err().to_string().contains("overlap"));
 }

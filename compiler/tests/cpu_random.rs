@@ -4,6 +4,7 @@
 //!
 //! `KILN_RANDOM_CASES=N` runs N seeds instead of the default; `KILN_SEED_BASE=S` starts at S.
 
+use kiln_compiler::ir::GraphExt as _;
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
 use kiln_compiler::codegen::cpu::CpuTarget;
 use kiln_compiler::reference::interpret;

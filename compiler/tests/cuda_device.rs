@@ -215,8 +215,11 @@ fn plan_serializes_and_reloads() {
     let b = Bucket::new(2, 16);
     // Compiled ahead of time for this device's architecture, as a build machine would.
     let spec = compile_graph(&g, b, &CudaTarget::new(&be.device().arch()).unwrap()).unwrap().spec;
-    let bytes = kiln_runtime::cuda::encode_plan(&spec);
-    let back = kiln_runtime::cuda::decode_plan(b, &bytes).unwrap();
+    // Through the artifact container, as a shipped plan travels.
+    use kiln_runtime::artifact::{Artifact, PlanPayload, Target};
+    let (major, minor) = be.device().compute_capability();
+    let bytes = Artifact::new(&g, Target::Cuda { major, minor }, vec![(b, PlanPayload::Cuda(spec.clone()))]).to_bytes();
+    let back = kiln_runtime::cuda::plan_from_artifact(&Artifact::from_bytes(&bytes).unwrap(), b).unwrap();
     assert_eq!(back, spec);
     let dev = be.device().clone();
     let weights = dev.upload_weights(&w).unwrap();
@@ -249,8 +252,7 @@ fn artifact_runs_through_precompiled_cuda() {
     for arch in archs {
         let (major, minor) = parse_arch(&arch).unwrap();
         let spec = compile_graph(&g, b, &CudaTarget::new(&arch).unwrap()).unwrap().spec;
-        let payload = kiln_runtime::cuda::encode_plan(&spec);
-        let a = Artifact::new(&g, Target::Cuda { major, minor }, vec![(b, PlanPayload::Cuda(payload))]);
+        let a = Artifact::new(&g, Target::Cuda { major, minor }, vec![(b, PlanPayload::Cuda(spec.clone()))]);
         let a = Artifact::from_bytes(&a.to_bytes()).unwrap();
         let pre = PrecompiledCuda::new(a).unwrap();
         assert!(!pre.caps().can_lower);

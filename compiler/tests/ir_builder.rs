@@ -1,6 +1,7 @@
 //! Builder and shape inference: good graphs get the right symbolic shapes, bad ones fail at the
 //! node that made the mistake, and per-bucket validation catches what symbols cannot.
 
+use kiln_compiler::ir::GraphExt as _;
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_runtime::graph::{Dim, InputRole};

@@ -1,6 +1,7 @@
 //! Unit-level tests of the middle-end stages: each pass's rewrites, fusion decisions, the
 //! memory-plan checker and the evaluator catching corrupted plans, errors for bad input.
 
+use kiln_compiler::ir::GraphExt as _;
 use kiln_compiler::reference::interpret;
 use kiln_compiler::fuse::fuse;
 use kiln_compiler::ir::GraphBuilder;

@@ -6,6 +6,7 @@
 //! `KILN_RANDOM_CASES=N` runs N seeds instead of the default; `KILN_SEED_BASE=S` starts at S
 //! (to explore new seeds across runs; CI keeps the fixed default list).
 
+use kiln_compiler::ir::GraphExt as _;
 use kiln_compiler::reference::interpret;
 use kiln_testkit::kernel_eval::run_program;
 use kiln_compiler::memory_plan::check_plan;

@@ -19,157 +19,21 @@
 //! the very same code.
 
 mod backend;
-pub mod features;
 pub mod weights;
-
-use serde::{Deserialize, Serialize};
 
 use crate::dtype::{DType, HostTensor, TensorData};
 use crate::error::{Error, Result};
 use crate::graph::Bucket;
 
 pub use backend::{cpu_caps, cpu_device, CpuContext, CpuPlan, PrecompiledCpu, Threads, MAX_THREADS};
-pub use features::{has_cpu_feature, X86Feature, X86_FEATURES};
-pub use weights::{CpuWeights, WeightPrep, WeightSlot};
+pub use kiln_format::features::{self, has_cpu_feature, X86Feature, X86_FEATURES};
+pub use kiln_format::plan::cpu::{status, Binding, CpuPlanImage, CpuStep, WeightPrep, WeightSlot};
+pub use weights::CpuWeights;
 
-/// Where a graph input or output lives in the arena.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Binding {
-    pub offset: usize,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-}
-
-impl Binding {
-    pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
-    }
-}
-
-/// One kernel call of the schedule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuStep {
-    /// Kernel name, for reports and profiles.
-    pub name: String,
-    /// Byte offset of the kernel's entry in the code.
-    pub entry: u32,
-    /// How many parallel tasks the kernel is split into (1 = run once on the calling thread).
-    pub tasks: u32,
-}
-
-/// Status codes kernels return. 1..=5 are `kiln_kernels::KernelError` codes passed through
-/// from a kernel-table entry (GEMM, attention).
-pub mod status {
-    pub const OK: i32 = 0;
-    /// A gather id outside the table.
-    pub const GATHER_OUT_OF_RANGE: i32 = 16;
-
-    /// Words for a status code.
-    pub fn describe(code: i32) -> &'static str {
-        match code {
-            0 => "ok",
-            1 => "a kernel-table call got a buffer too small for its shape",
-            2 => "a kernel-table call got a stride smaller than its row",
-            3 => "a kernel-table call got too little scratch",
-            4 => "a kernel-table call got an unknown activation",
-            5 => "a kernel-table call got an invalid argument",
-            GATHER_OUT_OF_RANGE => "a gather id is outside the embedding table (ids must be in 0..rows)",
-            _ => "unknown status",
-        }
-    }
-}
-
-/// A compiled CPU plan for one bucket, as plain data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CpuPlanImage {
-    pub bucket: Bucket,
-    pub code: Vec<u8>,
-    pub steps: Vec<CpuStep>,
-    pub arena_bytes: usize,
-    pub inputs: Vec<Binding>,
-    pub outputs: Vec<Binding>,
-    /// x86 features the code uses (`avx`, `avx2`, `fma`, ...).
-    pub required_features: Vec<String>,
-    /// Constant bytes written into the arena at load: `(offset, bytes)`. Kernels never write
-    /// these ranges.
-    pub arena_init: Vec<(usize, Vec<u8>)>,
-    /// Entry `i` of the weights pointer array the code receives: which checkpoint tensor, in
-    /// which layout.
-    pub weights: Vec<WeightSlot>,
-    /// The kernel-table ABI version the code calls (`kiln_kernels::table::KERNEL_ABI_VERSION`).
-    pub kernel_abi: u32,
-    /// Threads the kernel-table scratch (GEMM, attention) was sized for; more threads in the
-    /// pool than this are not used by those kernels.
-    pub scratch_threads: u32,
-}
-
-fn range_ok(offset: usize, len: usize, total: usize) -> bool {
-    offset.checked_add(len).is_some_and(|end| end <= total)
-}
-
-impl CpuPlanImage {
-    /// Checks everything that can be checked without running code: this is an x86-64 machine
-    /// with the features the code needs, the code calls the kernel-table ABI of this runtime,
-    /// every entry lies inside the code, every binding and constant inside the arena (and
-    /// disjoint from each other), every weight slot is self-consistent.
-    pub fn verify(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Artifact { message: format!("bucket {}: {m}", self.bucket) });
-        if !cfg!(target_arch = "x86_64") {
-            return bad("the plan holds x86-64 code and this machine is not x86-64".into());
-        }
-        let missing: Vec<&str> =
-            self.required_features.iter().map(|s| s.as_str()).filter(|f| !has_cpu_feature(f)).collect();
-        if !missing.is_empty() {
-            return bad(format!("this CPU lacks features the plan was compiled for: {}", missing.join(", ")));
-        }
-        if self.kernel_abi != kiln_kernels::table::KERNEL_ABI_VERSION {
-            return bad(format!(
-                "the code calls kernel-table ABI {}, this runtime has ABI {}: recompile the plan",
-                self.kernel_abi,
-                kiln_kernels::table::KERNEL_ABI_VERSION
-            ));
-        }
-        if self.code.is_empty() {
-            return bad("no code".into());
-        }
-        if self.arena_bytes > isize::MAX as usize / 2 {
-            return bad(format!("arena of {} bytes is absurd", self.arena_bytes));
-        }
-        for s in &self.steps {
-            if s.entry as usize >= self.code.len() || s.tasks == 0 || s.tasks > 4096 {
-                return bad(format!("step `{}` has entry {} / {} tasks outside the code", s.name, s.entry, s.tasks));
-            }
-        }
-        let mut ranges: Vec<(usize, usize, String)> = Vec::new();
-        for (what, list) in [("input", &self.inputs), ("output", &self.outputs)] {
-            for (i, b) in list.iter().enumerate() {
-                let bytes = b.shape.iter().try_fold(b.dtype.size(), |acc, &d| acc.checked_mul(d));
-                match bytes {
-                    Some(n) if range_ok(b.offset, n, self.arena_bytes) && b.offset % 8 == 0 => {
-                        ranges.push((b.offset, n, format!("{what} {i}")))
-                    }
-                    _ => return bad(format!("{what} {i} at {} of shape {:?} lies outside the arena", b.offset, b.shape)),
-                }
-            }
-        }
-        for (i, (off, bytes)) in self.arena_init.iter().enumerate() {
-            if !range_ok(*off, bytes.len(), self.arena_bytes) {
-                return bad(format!("constant {i} at {off} of {} bytes lies outside the arena", bytes.len()));
-            }
-            ranges.push((*off, bytes.len(), format!("constant {i}")));
-        }
-        ranges.retain(|r| r.1 > 0);
-        ranges.sort();
-        for w in ranges.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                return bad(format!("{} and {} overlap in the arena", w[0].2, w[1].2));
-            }
-        }
-        for (i, s) in self.weights.iter().enumerate() {
-            s.verify().map_err(|m| Error::Artifact { message: format!("bucket {}: weight slot {i}: {m}", self.bucket) })?;
-        }
-        Ok(())
-    }
+/// [`CpuPlanImage::verify`] against this runtime's kernel-table ABI: what every CPU plan passes
+/// before its code is mapped.
+pub fn verify_image(image: &CpuPlanImage) -> Result<()> {
+    image.verify(kiln_kernels::table::KERNEL_ABI_VERSION)
 }
 
 /// A plan's arena: 64-byte-aligned, zeroed, allocated fallibly — a bucket too large for the
@@ -271,7 +135,7 @@ impl CpuExecutable {
     /// Verifies the image, then copies its code into fresh memory made read+execute and writes
     /// the constants into a fresh arena.
     pub fn load(image: CpuPlanImage) -> Result<Self> {
-        image.verify()?;
+        verify_image(&image)?;
         let mut map = memmap2::MmapMut::map_anon(image.code.len())
             .map_err(|e| Error::Backend(format!("cannot map code: {e}")))?;
         map.copy_from_slice(&image.code);

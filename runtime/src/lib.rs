@@ -1,20 +1,18 @@
 //! kiln-runtime: the thin runtime of kiln. It holds the seed traits ([`Backend`],
-//! [`WeightLoader`]), the [`Engine`], the graph's plain data, and weight loading. It depends on
-//! no compiler (no Cranelift, no NVRTC): `cargo tree -p kiln-runtime` shows it.
+//! [`WeightLoader`]), the [`Engine`], weight loading and the CPU and CUDA executors. The data it
+//! exchanges (graph, plans, artifacts) is `kiln-format`'s, re-exported here under the same
+//! paths. It depends on no compiler (no Cranelift, no NVRTC, no shape inference):
+//! `cargo tree -p kiln-runtime` shows it.
 
 pub mod backend;
-pub mod bucket;
-pub mod artifact;
 pub mod cpu;
-/// GPU plans as data and their checks; the driver-API executor and `PrecompiledCuda` are behind
-/// the `cuda` feature.
+/// GPU plans' checks and, behind the `cuda` feature, the driver-API executor and
+/// `PrecompiledCuda`.
 pub mod cuda;
-pub mod dtype;
 pub mod engine;
-pub mod error;
-pub mod graph;
-pub mod trust;
 pub mod weights;
+
+pub use kiln_format::{artifact, bucket, dtype, error, graph, signature, trust};
 
 pub use backend::{check_weights, Backend, Batch, Caps, Outputs};
 pub use dtype::{DType, HostTensor, TensorData};
@@ -23,6 +21,7 @@ pub use error::{Error, Result};
 pub use graph::{
     BinaryOp, Bucket, Dim, Graph, InputRole, InputSpec, Node, Op, ReduceOp, UnaryOp, ValueId, WeightSpec,
 };
+pub use signature::{OutputSpec, Signature};
 pub use trust::TrustPolicy;
 pub use weights::{
     block_on, load_graph_weights, BoxFuture, SafetensorsLoader, TensorInfo, TensorRef, TensorSpec, WeightLoader,

@@ -1,9 +1,10 @@
 //! Artifact verification: every corruption is a typed error, and nothing is executed. The code
 //! in these artifacts is `ud2` (an illegal instruction), so running it would kill the test.
 
-use kiln_runtime::artifact::{fingerprint, Artifact, PlanPayload, Target, FORMAT_VERSION};
+use kiln_runtime::artifact::{Artifact, PlanPayload, Target, FORMAT_VERSION};
+use kiln_runtime::signature::fingerprint;
 use kiln_runtime::cpu::CpuExecutable;
-use kiln_runtime::{Bucket, DType, Error};
+use kiln_runtime::{Bucket, DType, Error, Op};
 
 mod common;
 use common::{graph, ud2_image as image};
@@ -119,6 +120,25 @@ fn another_graph_is_rejected() {
     let mut renamed = graph(4);
     renamed.weights[0].name = "w2".into();
     assert!(a.check_graph(&renamed).is_err());
+    // What a runtime holding no graph checks: the signature (inputs, outputs, weight table).
+    assert!(a.check_signature(&graph(5)).unwrap_err().to_string().contains("other inputs"));
+    assert!(a.check_signature(&renamed).unwrap_err().to_string().contains("other weight table"));
+}
+
+/// The artifact ships the graph's signature, not its ops: the interface graph built from it has
+/// the graph's signature and only input, weight and precompiled-output nodes.
+#[test]
+fn artifacts_carry_the_signature_not_the_graph() {
+    let a = Artifact::from_bytes(&artifact(&[]).to_bytes()).unwrap();
+    assert_eq!(a.body.signature, graph(4).signature());
+    let iface = a.body.signature.graph();
+    iface.check_structure().unwrap();
+    assert_eq!(iface.signature(), graph(4).signature());
+    assert!(iface.nodes.iter().all(|n| matches!(n.op, Op::Input { .. } | Op::Weight { .. } | Op::Precompiled { .. })));
+    a.check_signature(&iface).unwrap();
+    a.check_signature(&graph(4)).unwrap();
+    // The interface graph is not the graph: the exact check needs the real one.
+    assert!(a.check_graph(&iface).is_err());
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! subexpressions, constant subgraphs, dead nodes). Intermediates are sometimes also graph
 //! outputs or reused, so fusion must sometimes refuse.
 
-use kiln_runtime::graph::{broadcast_shapes, BinaryOp, Bucket, Dim, Graph, InputRole, Op, ReduceOp, UnaryOp, ValueId};
+use kiln_compiler::ir::broadcast_shapes;
+use kiln_runtime::graph::{BinaryOp, Bucket, Dim, Graph, InputRole, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::{DType, HostTensor, Result, TensorData};
 
 use kiln_compiler::ops::unary::Domain;

@@ -12,6 +12,7 @@
 //! The same images go into artifacts ([`CpuBackend::build_artifact`]) that
 //! `kiln_runtime::cpu::PrecompiledCpu` runs without the compiler.
 
+use crate::ir::GraphExt as _;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -3,6 +3,7 @@
 //! Every call infers and checks the new node's type (see `kiln_runtime::graph`), so a shape
 //! mistake fails at the line that made it, naming the node.
 
+use crate::ir::GraphExt as _;
 use kiln_runtime::graph::{BinaryOp, Dim, Graph, InputRole, InputSpec, Op, ReduceOp, UnaryOp, ValueId, WeightSpec};
 use kiln_runtime::{DType, Error, Result};
 

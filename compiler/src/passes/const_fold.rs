@@ -3,6 +3,7 @@
 //! results of at most [`MAX_FOLD_ELEMENTS`] elements are folded: a large folded tensor would
 //! cost more to embed than to compute.
 
+use crate::ir::GraphExt as _;
 use kiln_runtime::graph::{Dim, Graph, Op};
 use kiln_runtime::{DType, Result};
 

@@ -18,6 +18,7 @@ pub mod layout;
 pub mod simplify;
 pub mod specialize;
 
+use crate::ir::GraphExt as _;
 use kiln_runtime::graph::{Bucket, Dim, Graph, Op, ValueId};
 use kiln_runtime::Result;
 

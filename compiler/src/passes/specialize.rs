@@ -3,6 +3,7 @@
 //! bucket that does not fit the graph (e.g. `seq` past the position table) is a typed error
 //! naming the node.
 
+use crate::ir::GraphExt as _;
 use kiln_runtime::graph::{Dim, Graph, Op};
 use kiln_runtime::Result;
 

@@ -38,7 +38,7 @@ fn run() -> Result<()> {
     }
 
     let artifact = Artifact::from_bytes(PLANS)?;
-    let graph = artifact.body.graph.clone();
+    let graph = artifact.body.signature.graph();
     let buckets = artifact.header.buckets.clone();
     let weights = load_graph_weights(&SafetensorsLoader::new(), &dir.join("model.safetensors"), &graph.weights)?;
     let engine = Engine::new(PrecompiledCpu::new(artifact), graph, &weights, &buckets, LowerPolicy::OnFirstRequest)?;

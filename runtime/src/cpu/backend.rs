@@ -220,7 +220,7 @@ impl Backend for PrecompiledCpu {
     fn upload(&self, tensors: &[HostTensor], graph: &Graph) -> Result<CpuWeights> {
         self.check_cpu_target()?;
         check_weights(tensors, graph)?;
-        self.artifact.check_graph(graph)?;
+        self.artifact.check_signature(graph)?;
         let w = CpuWeights::new(tensors.to_vec());
         for img in self.images() {
             for s in &img.weights {
@@ -232,7 +232,7 @@ impl Backend for PrecompiledCpu {
 
     fn lower(&self, weights: &CpuWeights, graph: &Graph, bucket: Bucket) -> Result<CpuPlan> {
         self.check_cpu_target()?;
-        self.artifact.check_graph(graph)?;
+        self.artifact.check_signature(graph)?;
         match self.artifact.plan(bucket)? {
             PlanPayload::Cpu(img) => {
                 if img.bucket != bucket {

@@ -7,79 +7,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
-use crate::dtype::{DType, HostTensor, TensorData};
+use crate::dtype::{HostTensor, TensorData};
 use crate::error::{Error, Result};
+use kiln_format::plan::cpu::{WeightPrep, WeightSlot};
 
-/// How the code reads one checkpoint tensor (entry `i` of the weights pointer array).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct WeightSlot {
-    /// Index in the graph's weight table.
-    pub index: usize,
-    /// Shape of the checkpoint tensor.
-    pub shape: Vec<usize>,
-    /// Element type the code reads (the checkpoint tensor is converted to it).
-    pub dtype: DType,
-    pub prep: WeightPrep,
-}
-
-/// The transformation applied once to a checkpoint tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum WeightPrep {
-    /// Row-major in the checkpoint's shape.
-    AsIs,
-    /// A rank-2 tensor `[r, c]` stored transposed, row-major `[c, r]`.
-    Transposed,
-    /// The B operand of a GEMM packed for `kiln_kernels` (`gemm_f32`, f32 only): B(p, j), for
-    /// `p < k` and `j < n`, is element `offset + p·row_stride + j·col_stride` of the storage —
-    /// the checkpoint tensor, or its transpose when `transposed`.
-    PackedB { transposed: bool, offset: usize, k: usize, n: usize, row_stride: usize, col_stride: usize },
-}
-
-impl WeightSlot {
-    /// Elements of the checkpoint tensor.
-    pub fn numel(&self) -> Option<usize> {
-        self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
-    }
-
-    /// Internal consistency (no tensor needed): ranks, dtypes, the packed view inside the storage.
-    pub fn verify(&self) -> std::result::Result<(), String> {
-        let numel = self.numel().ok_or("shape overflows")?;
-        match &self.prep {
-            WeightPrep::AsIs => Ok(()),
-            WeightPrep::Transposed if self.shape.len() == 2 => Ok(()),
-            WeightPrep::Transposed => Err(format!("a transposed weight must be rank 2, not {:?}", self.shape)),
-            WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
-                if *transposed && self.shape.len() != 2 {
-                    return Err(format!("a transposed weight must be rank 2, not {:?}", self.shape));
-                }
-                if self.dtype != DType::F32 {
-                    return Err(format!("packed GEMM weights are f32, not {}", self.dtype));
-                }
-                if *k == 0 || *n == 0 {
-                    return Ok(());
-                }
-                let last = (k - 1)
-                    .checked_mul(*row_stride)
-                    .and_then(|a| (n - 1).checked_mul(*col_stride).and_then(|b| a.checked_add(b)))
-                    .and_then(|a| a.checked_add(*offset));
-                match last {
-                    Some(l) if l < numel => Ok(()),
-                    _ => Err(format!("packed view (offset {offset}, {k}x{n}, strides {row_stride},{col_stride}) outside {numel} elements")),
-                }
-            }
-        }
-    }
-
-    /// Bytes of the prepared data.
-    pub fn prepared_bytes(&self) -> usize {
-        match &self.prep {
-            WeightPrep::PackedB { k, n, .. } => kiln_kernels::gemm::packed_b_len(*k, *n) * 4,
-            _ => self.numel().unwrap_or(0) * self.dtype.size(),
-        }
-    }
-}
 
 /// 64-byte-aligned bytes.
 struct Aligned {

@@ -3,20 +3,27 @@
 #![allow(dead_code)]
 
 use kiln_runtime::cpu::{Binding, CpuPlanImage, CpuStep};
-use kiln_runtime::graph::{Graph, InputRole, InputSpec, Op, WeightSpec};
+use kiln_runtime::graph::{Graph, InputRole, InputSpec, Node, Op, ValueId, WeightSpec};
 use kiln_runtime::{DType, Dim};
 use kiln_runtime::Bucket;
 
-/// `y = x * w` with `x: [batch, width]` and the weight `w: [width]`.
+/// `y = x * w` with `x: [batch, width]` and the weight `w: [width]`, written as data (the
+/// runtime has no graph builder: that is the compiler's).
 pub fn graph(width: usize) -> Graph {
-    let mut g = Graph::default();
-    g.inputs.push(InputSpec { name: "x".into(), dtype: DType::F32, shape: vec![Dim::Batch, Dim::Fixed(width)], role: InputRole::Other });
-    g.weights.push(WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![width] });
-    let x = g.push("x", Op::Input { index: 0 }, vec![]).unwrap();
-    let w = g.push("w", Op::Weight { index: 0 }, vec![]).unwrap();
-    let y = g.push("y", Op::Binary(kiln_runtime::BinaryOp::Mul), vec![x, w]).unwrap();
-    g.outputs.push(y);
-    g.output_names.push("y".into());
+    let x = vec![Dim::Batch, Dim::Fixed(width)];
+    let node = |name: &str, op, inputs, shape| Node { name: name.into(), op, inputs, dtype: DType::F32, shape };
+    let g = Graph {
+        inputs: vec![InputSpec { name: "x".into(), dtype: DType::F32, shape: x.clone(), role: InputRole::Other }],
+        weights: vec![WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![width] }],
+        nodes: vec![
+            node("x", Op::Input { index: 0 }, vec![], x.clone()),
+            node("w", Op::Weight { index: 0 }, vec![], vec![Dim::Fixed(width)]),
+            node("y", Op::Binary(kiln_runtime::BinaryOp::Mul), vec![ValueId(0), ValueId(1)], x),
+        ],
+        outputs: vec![ValueId(2)],
+        output_names: vec!["y".into()],
+    };
+    g.check_structure().unwrap();
     g
 }
 

@@ -12,19 +12,26 @@
 //! signature    optional, 104 bytes: "KILNSIG1", Ed25519 public key, signature (see `trust`)
 //! ```
 //! [`Artifact::from_bytes`] checks size, magic, version and checksum before decoding anything,
-//! then the target (architecture, CPU features), then — in [`Artifact::check_graph`] — the graph
-//! fingerprint. Native code is mapped only after all of that, by the backend.
+//! then the target (architecture, CPU features) and that every plan is of the target's kind and
+//! filed under its own bucket; a GPU plan is validated as it decodes. The backend that runs it
+//! checks the graph's signature ([`Artifact::check_signature`]) and — a CPU plan — the kernel ABI
+//! and every offset before it maps any code.
 //!
-//! Weights are not in the artifact: they come from the checkpoint through a `WeightLoader`, and
-//! the fingerprint (a hash of the graph and of the weight table's names, dtypes and shapes) ties
-//! the two together.
+//! The body holds the graph's [`Signature`] (inputs, outputs, weight table), not the graph: a
+//! runtime needs no ops. The header's fingerprint is of the whole graph, so a compiler-side user
+//! holding the graph checks it exactly ([`Artifact::check_graph`]). Weights are not in the
+//! artifact: they come from the checkpoint through a `WeightLoader`.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cpu::{has_cpu_feature, CpuPlanImage};
+use crate::bucket::Bucket;
 use crate::error::{Error, Result};
-use crate::graph::{Bucket, Graph};
+use crate::features::has_cpu_feature;
+use crate::graph::Graph;
+use crate::plan::cpu::CpuPlanImage;
+use crate::plan::cuda::CudaPlanSpec;
+use crate::signature::{fingerprint, hex, Signature};
 use crate::trust::{self, TrustPolicy, SIG_BLOCK_LEN};
 
 pub const MAGIC: &[u8; 8] = b"KILNPLAN";
@@ -75,15 +82,24 @@ pub struct ArtifactHeader {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum PlanPayload {
     Cpu(CpuPlanImage),
-    /// A GPU plan, encoded by the CUDA backend (PTX/cubin, launch list, arena size).
-    Cuda(Vec<u8>),
+    /// A GPU plan (PTX/cubin, launch list, arena size).
+    Cuda(CudaPlanSpec),
+}
+
+impl PlanPayload {
+    pub fn bucket(&self) -> Bucket {
+        match self {
+            PlanPayload::Cpu(i) => i.bucket,
+            PlanPayload::Cuda(s) => s.bucket,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactBody {
-    /// The graph the plans were compiled from (no weights: ops, shapes, the weight table), so a
-    /// runtime without the compiler can check a checkpoint against it and build batches.
-    pub graph: Graph,
+    /// The signature of the graph the plans were compiled from, so a runtime without the
+    /// compiler can check a checkpoint against it and build batches.
+    pub signature: Signature,
     pub plans: Vec<PlanPayload>,
 }
 
@@ -94,26 +110,6 @@ pub struct Artifact {
     pub body: ArtifactBody,
     /// Who signed the file it was read from (None: unsigned, or built in memory).
     pub signer: Option<ed25519_dalek::VerifyingKey>,
-}
-
-/// SHA-256 over the graph (ops, shapes, inputs and outputs with their names) and its weight
-/// table (names, dtypes, shapes). Node names are not part of it (renaming a node changes no plan),
-/// nor are weight values: the same plan serves fine-tuned checkpoints of the same architecture.
-pub fn fingerprint(graph: &Graph) -> [u8; 32] {
-    let mut g = graph.clone();
-    for n in &mut g.nodes {
-        n.name.clear();
-    }
-    let bytes = bincode::serde::encode_to_vec(&g, bincode::config::standard())
-        .expect("encoding a graph into a Vec cannot fail");
-    let mut h = Sha256::new();
-    h.update(b"kiln-graph-v2");
-    h.update(&bytes);
-    h.finalize().into()
-}
-
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Whether kiln `a` and `b` are semver-compatible: the same major version, or for 0.x the same
@@ -145,7 +141,7 @@ impl Artifact {
                 fingerprint: fingerprint(graph),
                 buckets,
             },
-            body: ArtifactBody { graph: graph.clone(), plans },
+            body: ArtifactBody { signature: graph.signature(), plans },
             signer: None,
         }
     }
@@ -300,8 +296,13 @@ impl Artifact {
         if body.plans.len() != header.buckets.len() {
             return reject("header and body disagree on the number of buckets");
         }
-        if fingerprint(&body.graph) != header.fingerprint {
-            return reject("the graph inside does not match the header's fingerprint");
+        for (i, (b, p)) in header.buckets.iter().zip(&body.plans).enumerate() {
+            if p.bucket() != *b {
+                return reject(format!("plan {i} is filed under bucket {b} but is for bucket {}", p.bucket()));
+            }
+            if let PlanPayload::Cuda(spec) = p {
+                spec.validate()?;
+            }
         }
         let a = Artifact { header, body, signer };
         a.check_target()?;
@@ -342,6 +343,25 @@ impl Artifact {
                 Ok(())
             }
         }
+    }
+
+    /// Checks that `graph` has the signature the artifact's plans were compiled for (inputs,
+    /// outputs and weight table): what a runtime holding only the artifact's interface graph
+    /// ([`Signature::graph`]) or the model's full graph can check.
+    pub fn check_signature(&self, graph: &Graph) -> Result<()> {
+        let sig = graph.signature();
+        let ours = &self.body.signature;
+        if sig == *ours {
+            return Ok(());
+        }
+        let what = if sig.inputs != ours.inputs {
+            "inputs"
+        } else if sig.outputs != ours.outputs {
+            "outputs"
+        } else {
+            "weight table"
+        };
+        reject(format!("compiled for a graph with other {what}: recompile the plan for this model"))
     }
 
     /// Checks that the artifact was compiled from `graph` (same ops, shapes and weight table).

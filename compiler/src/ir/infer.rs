@@ -1,255 +1,32 @@
-//! The graph IR's plain data: values, ops, symbolic dims, the weight table, and shape inference.
-//!
-//! The data lives in the runtime because `Backend::upload/lower` take a `&Graph`; the builder and
-//! every pass that transforms a graph live in `kiln-compiler`.
-//!
-//! A graph is a list of nodes in topological order; node `i` defines value `ValueId(i)`.
-//! Shapes are symbolic in two dims, `batch` and `seq`, that a [`Bucket`] resolves.
+//! Shape and dtype inference over the graph data: what each op's inputs must be and what it
+//! produces, checked when a node is pushed and when a graph is validated (for a bucket, with its
+//! concrete sizes). The compiler's machinery over `kiln_format::graph`, which holds data only.
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
+use kiln_runtime::graph::{fmt_shape, Bucket, Dim, Graph, Node, Op, ValueId};
+use kiln_runtime::{DType, Error, Result};
 
-pub use crate::bucket::Bucket;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-
-impl Bucket {
-    /// Parses `8x128` (batch x seq).
-    pub fn parse(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::bad_batch(format!("bucket `{s}` is not of the form BATCHxSEQ (e.g. 8x128)"))
-        };
-        let (b, q) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
-        let batch: usize = b.trim().parse().map_err(|_| bad())?;
-        let seq: usize = q.trim().parse().map_err(|_| bad())?;
-        if batch == 0 || seq == 0 {
-            return Err(bad());
-        }
-        Ok(Bucket { batch, seq })
-    }
-}
-
-/// One dimension of a symbolic shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Dim {
-    Fixed(usize),
-    Batch,
-    Seq,
-}
-
-impl Dim {
-    pub fn resolve(self, b: Bucket) -> usize {
-        match self {
-            Dim::Fixed(n) => n,
-            Dim::Batch => b.batch,
-            Dim::Seq => b.seq,
-        }
-    }
-    pub fn fixed(self) -> Option<usize> {
-        match self {
-            Dim::Fixed(n) => Some(n),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Dim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Dim::Fixed(n) => write!(f, "{n}"),
-            Dim::Batch => f.write_str("batch"),
-            Dim::Seq => f.write_str("seq"),
-        }
-    }
-}
-
-pub fn fmt_shape(s: &[Dim]) -> String {
-    format!("[{}]", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
-}
-
-/// Index of a value (= the node that defines it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ValueId(pub u32);
-
-impl ValueId {
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for ValueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "%{}", self.0)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Max,
-    Min,
-}
-
-/// What each op computes is defined once, in `kiln_compiler::ops`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum UnaryOp {
-    /// GELU with the exact erf form: x * 0.5 * (1 + erf(x / sqrt 2)).
-    Gelu,
-    Tanh,
-    Relu,
-    Silu,
-    Exp,
-    Sqrt,
-    Rsqrt,
-    Neg,
-    Recip,
-    /// GELU with the tanh approximation (HF `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`).
-    GeluTanh,
-    /// The logistic function 1 / (1 + e^-x).
-    Sigmoid,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ReduceOp {
-    Sum,
-    Mean,
-    Max,
-}
-
-/// What an input of the graph means, so the engine knows how to pad it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum InputRole {
-    /// Token ids, padded with 0.
-    TokenIds,
-    /// 1 for a real token, 0 for padding.
-    AttentionMask,
-    /// Token type (segment) ids, padded with 0.
-    TokenTypes,
-    /// Anything else, padded with zeros.
-    Other,
-}
-
-/// A graph input supplied per run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct InputSpec {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<Dim>,
-    pub role: InputRole,
-}
-
-/// One entry of the weight table: a checkpoint tensor the graph reads.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct WeightSpec {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Op {
-    /// Graph input `index` (see [`Graph::inputs`]).
-    Input { index: usize },
-    /// Weight-table entry `index` (see [`Graph::weights`]).
-    Weight { index: usize },
-    /// A constant tensor (row-major); shape given by the node. A scalar has shape `[]`.
-    Constant { values: Vec<f32> },
-    /// `a @ b` over the last two dims, with optional transposes; leading dims broadcast.
-    MatMul { transpose_a: bool, transpose_b: bool },
-    /// Elementwise binary op with numpy broadcasting.
-    Binary(BinaryOp),
-    Unary(UnaryOp),
-    /// Softmax over `axis`; an optional second input is an additive mask (broadcast to x).
-    Softmax { axis: usize },
-    /// LayerNorm over the last dim: inputs x, gamma, beta.
-    LayerNorm { eps: f32 },
-    /// RmsNorm over the last dim: inputs x, gamma.
-    RmsNorm { eps: f32 },
-    Reshape,
-    Transpose { perm: Vec<usize> },
-    /// Rows of `table` (input 0, rank 2) picked by integer `ids` (input 1): shape ids ++ [cols].
-    Gather,
-    Concat { axis: usize },
-    /// `x[start..end]` along `axis`. `end` may be symbolic (e.g. `seq` for position embeddings),
-    /// in which case `start` must be 0.
-    Slice { axis: usize, start: usize, end: Dim },
-    Reduce { op: ReduceOp, axes: Vec<usize>, keep_dims: bool },
-    /// `cond != 0 ? a : b` with broadcasting: inputs cond, a, b.
-    Where,
-    Cast { to: DType },
-}
-
-impl Op {
-    pub fn name(&self) -> String {
-        match self {
-            Op::Input { index } => format!("input#{index}"),
-            Op::Weight { index } => format!("weight#{index}"),
-            Op::Constant { values } if values.len() == 1 => format!("const({})", values[0]),
-            Op::Constant { .. } => "const".into(),
-            Op::MatMul { transpose_a, transpose_b } => format!(
-                "matmul{}{}",
-                if *transpose_a { ".ta" } else { "" },
-                if *transpose_b { ".tb" } else { "" }
-            ),
-            Op::Binary(b) => format!("{b:?}").to_lowercase(),
-            Op::Unary(u) => format!("{u:?}").to_lowercase(),
-            Op::Softmax { axis } => format!("softmax(axis={axis})"),
-            Op::LayerNorm { eps } => format!("layer_norm(eps={eps:e})"),
-            Op::RmsNorm { eps } => format!("rms_norm(eps={eps:e})"),
-            Op::Reshape => "reshape".into(),
-            Op::Transpose { perm } => format!("transpose({perm:?})"),
-            Op::Gather => "gather".into(),
-            Op::Concat { axis } => format!("concat(axis={axis})"),
-            Op::Slice { axis, start, end } => format!("slice(axis={axis},{start}..{end})"),
-            Op::Reduce { op, axes, keep_dims } => {
-                format!("reduce_{}(axes={axes:?},keep={keep_dims})", format!("{op:?}").to_lowercase())
-            }
-            Op::Where => "where".into(),
-            Op::Cast { to } => format!("cast({to})"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Node {
-    pub name: String,
-    pub op: Op,
-    pub inputs: Vec<ValueId>,
-    pub dtype: DType,
-    pub shape: Vec<Dim>,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Graph {
-    pub nodes: Vec<Node>,
-    pub inputs: Vec<InputSpec>,
-    pub weights: Vec<WeightSpec>,
-    pub outputs: Vec<ValueId>,
-    /// Output names, parallel to `outputs`.
-    pub output_names: Vec<String>,
-}
-
-impl Graph {
-    pub fn node(&self, v: ValueId) -> &Node {
-        &self.nodes[v.index()]
-    }
-
-    /// Concrete shape of `v` for bucket `b`.
-    pub fn shape_in(&self, v: ValueId, b: Bucket) -> Vec<usize> {
-        self.node(v).shape.iter().map(|d| d.resolve(b)).collect()
-    }
-
+/// Building and checking graphs (methods on the data type, which lives in `kiln-format`).
+pub trait GraphExt {
     /// Appends a node after inferring and checking its dtype and shape.
-    pub fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> Result<ValueId> {
+    fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> Result<ValueId>;
+    /// Like [`GraphExt::push`], with the output shape given for ops whose shape is an attribute
+    /// (Reshape, Constant); it is checked against the input.
+    fn push_shaped(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>, shape: Option<Vec<Dim>>)
+        -> Result<ValueId>;
+    /// Checks every node of the graph structurally and, when `bucket` is given, with that
+    /// bucket's concrete sizes (symbolic dims resolved). Errors name the node at fault.
+    fn validate(&self, bucket: Option<Bucket>) -> Result<()>;
+    /// A deterministic, human-readable listing of the graph, one node per line; `ir::parse`
+    /// reads it back.
+    fn print(&self) -> String;
+}
+
+impl GraphExt for Graph {
+    fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> Result<ValueId> {
         self.push_shaped(name, op, inputs, None)
     }
 
-    /// Like [`Graph::push`], with the output shape given for ops whose shape is an attribute
-    /// (Reshape, Constant); it is checked against the input.
-    pub fn push_shaped(
+    fn push_shaped(
         &mut self,
         name: impl Into<String>,
         op: Op,
@@ -267,12 +44,8 @@ impl Graph {
         Ok(ValueId((self.nodes.len() - 1) as u32))
     }
 
-    /// Checks every node of the graph structurally and, when `bucket` is given, with that
-    /// bucket's concrete sizes (symbolic dims resolved). Errors name the node at fault.
-    pub fn validate(&self, bucket: Option<Bucket>) -> Result<()> {
-        if self.outputs.len() != self.output_names.len() {
-            return Err(Error::graph("<graph>", "outputs and output_names differ in length"));
-        }
+    fn validate(&self, bucket: Option<Bucket>) -> Result<()> {
+        self.check_structure()?;
         for (i, n) in self.nodes.iter().enumerate() {
             for inp in &n.inputs {
                 if inp.index() >= i {
@@ -304,46 +77,8 @@ impl Graph {
         Ok(())
     }
 
-    /// Number of uses of every value (outputs count as a use).
-    pub fn use_counts(&self) -> Vec<usize> {
-        let mut c = vec![0; self.nodes.len()];
-        for n in &self.nodes {
-            for i in &n.inputs {
-                c[i.index()] += 1;
-            }
-        }
-        for o in &self.outputs {
-            c[o.index()] += 1;
-        }
-        c
-    }
-
-    /// A deterministic, human-readable listing of the graph, one node per line.
-    pub fn print(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        for (i, inp) in self.inputs.iter().enumerate() {
-            let _ = writeln!(s, "input {i} {}: {} {} ({:?})", inp.name, inp.dtype, fmt_shape(&inp.shape), inp.role);
-        }
-        for (i, n) in self.nodes.iter().enumerate() {
-            let args: Vec<String> = n.inputs.iter().map(|v| v.to_string()).collect();
-            let extra = match &n.op {
-                Op::Weight { index } => format!(" \"{}\"", self.weights[*index].name),
-                _ => String::new(),
-            };
-            let _ = writeln!(
-                s,
-                "%{i} = {}({}){extra} : {} {}",
-                n.op.name(),
-                args.join(", "),
-                n.dtype,
-                fmt_shape(&n.shape)
-            );
-        }
-        for (o, name) in self.outputs.iter().zip(&self.output_names) {
-            let _ = writeln!(s, "output {name} = {o}");
-        }
-        s
+    fn print(&self) -> String {
+        crate::ir::print::print(self)
     }
 }
 
@@ -631,6 +366,10 @@ fn infer(g: &Graph, node: &str, op: &Op, inputs: &[ValueId], recorded: Option<&[
             want_inputs(node, op, inputs, 1..=1)?;
             Ok((*to, ishape(0)))
         }
+        Op::Precompiled { .. } => Err(Error::graph(
+            node,
+            "is an output of a precompiled plan: an artifact's graph carries its signature only, no ops to compile",
+        )),
     }
 }
 

@@ -11,14 +11,12 @@ use sha2::{Digest, Sha256};
 
 const FILES: &[&str] = &[
     "src/artifact.rs",
-    "src/backend.rs",
     "src/bucket.rs",
-    "src/cpu.rs",
-    "src/cpu/weights.rs",
-    "src/cuda.rs",
     "src/dtype.rs",
     "src/graph.rs",
-    "src/weights.rs",
+    "src/plan/cpu.rs",
+    "src/plan/cuda.rs",
+    "src/signature.rs",
 ];
 
 /// The serialized items of `text`, normalized.
