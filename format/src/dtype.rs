@@ -16,6 +16,12 @@ pub enum DType {
 }
 
 impl DType {
+    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32];
+
+    /// The dtype named `name` (`f32`, `i64`, ...: [`DType::name`]).
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
