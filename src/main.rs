@@ -170,6 +170,8 @@ fn run(cli: Cli) -> Result<()> {
             let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
             let mut plans = Vec::new();
             let artifact_target = output.as_ref().map(|_| kiln_compiler::target::parse_target(&target)).transpose()?;
+            // The target's layout policy shapes the middle end; without one, the CPU's (reports).
+            let policy = artifact_target.as_ref().map(|t| t.layout_policy()).unwrap_or_default();
             for (i, &b) in buckets.iter().enumerate() {
                 eprintln!("[{}/{}] compiling bucket {b}", i + 1, buckets.len());
                 if let Some(stage) = &dump_after {
@@ -177,7 +179,7 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 // The middle end runs once per bucket; the report and the code come from it.
                 let t = std::time::Instant::now();
-                let lowered = pipeline::run_pipeline(&m.graph, b)?;
+                let lowered = pipeline::run_pipeline_for(&m.graph, b, policy)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 let arena = lowered.plan.arena_bytes as u64;
                 if arena > arena_limit.0 {
@@ -333,9 +335,9 @@ fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Grap
 /// An artifact error with the file it came from in front of its message; other errors as they are.
 fn in_file(path: &std::path::Path, e: Error) -> Error {
     match e {
-        Error::Artifact { message } => Error::Artifact { message: format!("{}: {message}", path.display()) },
-        Error::Backend(message) => Error::Backend(format!("{}: {message}", path.display())),
-        other => other,
+        // Already names its file.
+        e @ (Error::Io { .. } | Error::Model { .. } | Error::MalformedWeights { .. }) => e,
+        e => e.context(path.display()),
     }
 }
 
@@ -478,7 +480,7 @@ fn embed_precompiled(
         target @ Target::Cuda { .. } => {
             // The GPU first: without one this fails at once, before the weights are read.
             let be = PrecompiledCuda::new(artifact).map_err(|e| match e {
-                Error::Backend(msg) => Error::Backend(format!("{} holds GPU plans ({target}): {msg}", path.display())),
+                e @ Error::Environment(_) => e.context(format!("{} holds GPU plans ({target})", path.display())),
                 other => at_path(other),
             })?;
             let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::OnFirstRequest).map_err(at_path)?;

@@ -11,6 +11,7 @@ pub mod fuse;
 pub mod models;
 pub mod ops;
 pub mod passes;
+pub mod placement;
 pub mod pipeline;
 pub mod reference;
 pub mod target;

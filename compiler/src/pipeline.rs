@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::fuse::{count_ops, fuse, FusionReport};
 use crate::kernel_ir::{KernelProgram, WeightLayout};
 use crate::memory_plan::{plan_memory, MemoryPlan};
-use crate::passes::{standard_passes, PassCtx};
+use crate::passes::{standard_passes, LayoutPolicy, PassCtx};
 
 /// Every stage name [`dump_after`] and `KILN_DUMP` accept, in pipeline order.
 pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "dce", "layout", "fuse", "memory_plan"];
@@ -64,9 +64,14 @@ pub fn check_bucket_sizes(graph: &Graph, bucket: Bucket) -> Result<()> {
     Ok(())
 }
 
-fn run_with(graph: &Graph, bucket: Bucket, hook: &mut dyn FnMut(&str, &dyn Fn() -> String)) -> Result<Lowered> {
+fn run_with(
+    graph: &Graph,
+    bucket: Bucket,
+    policy: LayoutPolicy,
+    hook: &mut dyn FnMut(&str, &dyn Fn() -> String),
+) -> Result<Lowered> {
     check_bucket_sizes(graph, bucket)?;
-    let mut ctx = PassCtx::new(graph, bucket);
+    let mut ctx = PassCtx::new(graph, bucket, policy);
     let mut g = graph.clone();
     for pass in standard_passes() {
         g = pass.run(&g, &mut ctx)?;
@@ -83,9 +88,15 @@ fn run_with(graph: &Graph, bucket: Bucket, hook: &mut dyn FnMut(&str, &dyn Fn() 
     Ok(Lowered { bucket, graph: g, layouts: ctx.layouts, program, plan, fusion })
 }
 
-/// Runs the whole middle-end for `bucket`. Honors `KILN_DUMP` (stderr).
+/// Runs the whole middle-end for `bucket` under the default layout policy (the CPU's: what
+/// reports, dumps and goldens show). Honors `KILN_DUMP` (stderr).
 pub fn run_pipeline(graph: &Graph, bucket: Bucket) -> Result<Lowered> {
-    run_with(graph, bucket, &mut |stage, text| {
+    run_pipeline_for(graph, bucket, LayoutPolicy::default())
+}
+
+/// Runs the whole middle-end for `bucket` with a target's layout policy. Honors `KILN_DUMP`.
+pub fn run_pipeline_for(graph: &Graph, bucket: Bucket, policy: LayoutPolicy) -> Result<Lowered> {
+    run_with(graph, bucket, policy, &mut |stage, text| {
         if dump_requested(stage) {
             eprintln!("===== kiln IR after {stage} (bucket {bucket}) =====\n{}", text());
         }
@@ -98,7 +109,7 @@ pub fn dump_after(graph: &Graph, bucket: Bucket, stage: &str) -> Result<String> 
         return Err(Error::Unsupported(format!("unknown pass `{stage}` (passes: {})", STAGES.join(", "))));
     }
     let mut out = None;
-    run_with(graph, bucket, &mut |s, text| {
+    run_with(graph, bucket, LayoutPolicy::default(), &mut |s, text| {
         if s == stage {
             out = Some(text());
         }

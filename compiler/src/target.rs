@@ -13,12 +13,15 @@ use kiln_runtime::{Bucket, Error, Graph, Result};
 
 use crate::codegen::cpu::{compile_with_isa, CodegenOptions, CpuTarget, CodegenIsa};
 use crate::codegen::cuda::{compile_lowered, CudaTarget};
-use crate::pipeline::{run_pipeline, Lowered};
+use crate::passes::LayoutPolicy;
+use crate::pipeline::{run_pipeline_for, Lowered};
 
 /// A code generator for one kind of machine.
 pub trait Target: Send + Sync {
     /// What the artifact header records, and the runtime checks against the machine.
     fn artifact_target(&self) -> artifact::Target;
+    /// How this target wants weights laid out (the middle end's `layout` pass applies it).
+    fn layout_policy(&self) -> LayoutPolicy;
     /// Machine code for one bucket of `graph` that the middle end has lowered.
     fn compile(&self, graph: &Graph, lowered: &Lowered) -> Result<PlanPayload>;
 }
@@ -48,6 +51,9 @@ impl Target for Cpu {
     fn artifact_target(&self) -> artifact::Target {
         artifact::Target::CpuX86_64 { features: self.isa.features.clone() }
     }
+    fn layout_policy(&self) -> LayoutPolicy {
+        crate::codegen::cpu::LAYOUT_POLICY
+    }
     fn compile(&self, _graph: &Graph, lowered: &Lowered) -> Result<PlanPayload> {
         Ok(PlanPayload::Cpu(compile_with_isa(lowered, &self.opts, &self.isa)?.image))
     }
@@ -59,6 +65,9 @@ pub struct Cuda(pub CudaTarget);
 impl Target for Cuda {
     fn artifact_target(&self) -> artifact::Target {
         artifact::Target::Cuda { major: self.0.sm / 10, minor: self.0.sm % 10 }
+    }
+    fn layout_policy(&self) -> LayoutPolicy {
+        crate::codegen::cuda::LAYOUT_POLICY
     }
     fn compile(&self, graph: &Graph, lowered: &Lowered) -> Result<PlanPayload> {
         Ok(PlanPayload::Cuda(compile_lowered(graph, lowered, &self.0)?.spec))
@@ -91,7 +100,7 @@ pub fn build_artifact(
 ) -> Result<Artifact> {
     let mut plans = Vec::with_capacity(buckets.len());
     for &b in buckets {
-        let lowered = run_pipeline(graph, b)?;
+        let lowered = run_pipeline_for(graph, b, target.layout_policy())?;
         on_lowered(&lowered)?;
         plans.push((b, target.compile(graph, &lowered)?));
     }

@@ -82,3 +82,25 @@ fn tampered_images_are_rejected_before_mapping() {
     i.inputs[0].offset = i.outputs[0].offset;
     assert!(verify_image(&i).unwrap_err().to_string().contains("overlap"));
 }
+
+/// A plan runs exactly its types, as a GPU plan does: a mistyped input or output buffer given
+/// straight to `run` (past the engine's `Batch::check`) is a bad batch naming it, never converted.
+#[test]
+fn plans_refuse_mistyped_inputs_and_outputs() {
+    let g = graph(1);
+    let b = Bucket::new(1, 8);
+    let be = CpuBackend::single_threaded().unwrap();
+    let w = be.upload(&random_weights(&g, &mut Rng::new(1)), &g).unwrap();
+    let mut plan = be.lower(&w, &g, b).unwrap();
+    let inputs = random_inputs(&g, b, &mut Rng::new(2));
+    let mut out = Outputs::for_bucket(&g, b);
+    be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
+    let mut bad = inputs.clone();
+    bad[0] = kiln_runtime::HostTensor::new(bad[0].shape.clone(), bad[0].data.convert(kiln_runtime::DType::F32)).unwrap();
+    let e = be.run(&mut plan, &Batch { tensors: bad }, &mut out).unwrap_err();
+    assert!(matches!(e, Error::BadBatch { .. }) && e.to_string().contains("input 0 is f32"), "{e}");
+    let mut bad_out = Outputs::for_bucket(&g, b);
+    bad_out.tensors[0] = kiln_runtime::HostTensor::zeros(kiln_runtime::DType::F16, bad_out.tensors[0].shape.clone());
+    let e = be.run(&mut plan, &Batch { tensors: inputs }, &mut bad_out).unwrap_err();
+    assert!(e.to_string().contains("output buffer 0 is f16"), "{e}");
+}

@@ -108,13 +108,14 @@ fn copy_transpose_i64() {
 fn gemm_linear_gelu_f32() {
     let mut p = P::new();
     let a = p.input("x", DType::F32, &[8, 16]);
-    let w = p.weight("w", DType::F32, &[16, 12], WeightLayout::Transposed);
+    // A linear layer's weight in its checkpoint layout [out, in], read as B = Wᵀ.
+    let w = p.weight("w", DType::F32, &[12, 16], WeightLayout::AsIs);
     let b = p.weight("b", DType::F32, &[12], WeightLayout::AsIs);
     let o = p.output("out", DType::F32, &[8, 12]);
     let e = expr(vec![ExprNode::Acc, ExprNode::Load(2), ExprNode::Binary(BinaryOp::Add, 0, 1), ExprNode::Unary(UnaryOp::Gelu, 2)]);
     let prog = p.finish(
         KernelOp::Gemm { batch: vec![], m: 8, n: 12, k: 16, alpha: 1.0, epilogue: Some(e) },
-        vec![dense(a, &[8, 16]), dense(w, &[16, 12]), dense(b, &[12]).broadcast_to(&[8, 12]).unwrap()],
+        vec![dense(a, &[8, 16]), dense(w, &[12, 16]).permute(&[1, 0]), dense(b, &[12]).broadcast_to(&[8, 12]).unwrap()],
         dense(o, &[8, 12]),
     );
     golden("gemm_linear_gelu_f32", &prog, "sm_90");

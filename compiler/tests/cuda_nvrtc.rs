@@ -87,8 +87,10 @@ fn nvrtc_errors_are_typed_with_the_log() {
     }
     let e = compile_ptx("extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }", "sm_90", "bad").unwrap_err();
     match e {
-        Error::Backend(m) => assert!(m.contains("undefined_name") && m.contains("`bad`"), "{m}"),
-        other => panic!("expected a backend error, got {other:?}"),
+        Error::Internal { stage, message } => {
+            assert!(stage == "nvrtc" && message.contains("undefined_name") && message.contains("`bad`"), "{message}")
+        }
+        other => panic!("expected an internal error (kiln emitted bad CUDA C), got {other:?}"),
     }
     assert!(compile_ptx("", "gfx90a", "x").is_err());
 }

@@ -83,6 +83,16 @@ fn transposes_feeding_matmuls_become_flags_or_strides() {
     assert!(l.graph.nodes.iter().any(|n| n.op == Op::MatMul { transpose_a: true, transpose_b: false }));
     assert_eq!(l.layouts, vec![WeightLayout::Transposed]);
     assert!(l.program.kernels.iter().all(|k| matches!(k.op, KernelOp::Gemm { .. })), "{}", l.program.print());
+
+    // The layout is the target's choice: the GPU keeps the checkpoint layout, reads Wᵀ through
+    // strides, and refuses a program laid out for the CPU rather than misreading it.
+    use kiln_compiler::codegen::cuda::{emit_program, placement, CudaTarget, LAYOUT_POLICY};
+    let gpu = kiln_compiler::pipeline::run_pipeline_for(&g, Bucket::new(2, 1), LAYOUT_POLICY).unwrap();
+    assert_eq!(gpu.layouts, vec![WeightLayout::AsIs]);
+    let t = CudaTarget::new("sm_80").unwrap();
+    emit_program(&gpu.program, &placement(&gpu).unwrap(), &t).unwrap();
+    let e = emit_program(&l.program, &placement(&l).unwrap(), &t).unwrap_err();
+    assert!(matches!(e, kiln_runtime::Error::Internal { .. }) && e.to_string().contains("another target"), "{e}");
 }
 
 #[test]

@@ -30,8 +30,16 @@ pub enum Error {
     Model { path: PathBuf, message: String },
     /// A plan artifact that failed verification (magic, version, target, checksum, fingerprint).
     Artifact { message: String },
-    /// Any other backend failure (driver, code generation).
+    /// A failure of a backend's machinery at run time (a driver call, a code map).
     Backend(String),
+    /// The machine lacks what this needs (no CUDA driver or GPU, no NVRTC, no host compiler):
+    /// neither the user's input nor a kiln bug. The message says what is missing and what to
+    /// use instead.
+    Environment(String),
+    /// An error with the file, bucket or step it happened in: `source` is the error itself
+    /// (its variant says whose fault it is, [`Error::root`]); the chain is walked by
+    /// `std::error::Error::source`.
+    Context { context: String, source: Box<Error> },
     /// A kiln bug, not a problem with the user's model or input: an invariant a compiler stage
     /// relies on did not hold. Names the stage (`fuse`, `memory plan`, `cranelift`, ...).
     Internal { stage: String, message: String },
@@ -49,6 +57,22 @@ impl Error {
     }
     pub fn bad_batch(message: impl Into<String>) -> Self {
         Error::BadBatch { message: message.into() }
+    }
+    pub fn environment(message: impl Into<String>) -> Self {
+        Error::Environment(message.into())
+    }
+    /// This error, in `context` (a file, a bucket, a step).
+    pub fn context(self, context: impl fmt::Display) -> Self {
+        Error::Context { context: context.to_string(), source: Box::new(self) }
+    }
+    /// The innermost error of a [`Error::Context`] chain (the error itself otherwise): what
+    /// went wrong, whatever it happened in.
+    pub fn root(&self) -> &Error {
+        let mut e = self;
+        while let Error::Context { source, .. } = e {
+            e = source;
+        }
+        e
     }
 }
 
@@ -86,6 +110,8 @@ impl fmt::Display for Error {
             Error::Model { path, message } => write!(f, "{}: {message}", path.display()),
             Error::Artifact { message } => write!(f, "plan artifact rejected: {message}"),
             Error::Backend(m) => write!(f, "backend error: {m}"),
+            Error::Environment(m) => write!(f, "not available on this machine: {m}"),
+            Error::Context { context, source } => write!(f, "{context}: {source}"),
             Error::Internal { stage, message } => {
                 write!(f, "internal error in {stage} (a kiln bug, please report it): {message}")
             }
@@ -93,4 +119,31 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Context { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_chains_keep_the_root_and_read_as_one_line() {
+        let e = Error::environment("no NVRTC").context("bucket 8x128").context("plan.kiln");
+        assert_eq!(e.to_string(), "plan.kiln: bucket 8x128: not available on this machine: no NVRTC");
+        assert_eq!(e.root(), &Error::Environment("no NVRTC".into()));
+        let mut chain = Vec::new();
+        let mut cur: Option<&dyn std::error::Error> = Some(&e);
+        while let Some(c) = cur {
+            chain.push(c.to_string());
+            cur = c.source();
+        }
+        assert_eq!(chain.len(), 3);
+        assert_eq!(chain[2], "not available on this machine: no NVRTC");
+    }
+}

@@ -52,7 +52,7 @@ unsafe impl Sync for Arena {}
 
 impl Arena {
     pub fn new(len: usize) -> Result<Self> {
-        let too_big = || Error::Backend(format!("cannot allocate an arena of {len} bytes"));
+        let too_big = || Error::environment(format!("cannot allocate an arena of {len} bytes"));
         let layout = std::alloc::Layout::from_size_align(len.max(1), 64).map_err(|_| too_big())?;
         // SAFETY: the layout has a non-zero size.
         let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(too_big)?;
@@ -140,10 +140,7 @@ impl CpuExecutable {
             .map_err(|e| Error::Backend(format!("cannot map code: {e}")))?;
         map.copy_from_slice(&image.code);
         let code = map.make_exec().map_err(|e| Error::Backend(format!("cannot make code executable: {e}")))?;
-        let mut arena = Arena::new(image.arena_bytes).map_err(|e| match e {
-            Error::Backend(m) => Error::Backend(format!("bucket {}: {m}", image.bucket)),
-            other => other,
-        })?;
+        let mut arena = Arena::new(image.arena_bytes).map_err(|e| e.context(format!("bucket {}", image.bucket)))?;
         for (off, bytes) in &image.arena_init {
             arena.as_mut_slice()[*off..*off + bytes.len()].copy_from_slice(bytes);
         }
@@ -219,17 +216,30 @@ impl CpuExecutable {
                 weights.len()
             )));
         }
-        for (t, b) in inputs.iter().zip(&self.image.inputs) {
-            if t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
+        // Exactly the plan's types, as on the GPU: a backend converts nothing (the engine's
+        // `Batch::check` names the graph input at fault before a plan ever sees it).
+        for (i, (t, b)) in inputs.iter().zip(&self.image.inputs).enumerate() {
+            if t.dtype() != b.dtype || t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
                 return Err(Error::bad_batch(format!(
-                    "input of shape {:?} given to a plan for bucket {} that takes {:?}",
-                    t.shape, self.image.bucket, b.shape
+                    "input {i} is {} {:?}; the plan for bucket {} needs {} {:?}",
+                    t.dtype(),
+                    t.shape,
+                    self.image.bucket,
+                    b.dtype,
+                    b.shape
                 )));
             }
         }
-        for (t, b) in outputs.iter().zip(&self.image.outputs) {
-            if t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
-                return Err(Error::bad_batch(format!("output buffer {:?} for a plan output {:?}", t.shape, b.shape)));
+        for (i, (t, b)) in outputs.iter().zip(&self.image.outputs).enumerate() {
+            if t.dtype() != b.dtype || t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
+                return Err(Error::bad_batch(format!(
+                    "output buffer {i} is {} {:?}; the plan for bucket {} writes {} {:?}",
+                    t.dtype(),
+                    t.shape,
+                    self.image.bucket,
+                    b.dtype,
+                    b.shape
+                )));
             }
         }
         for (t, b) in inputs.iter().zip(&self.image.inputs) {
@@ -276,15 +286,8 @@ impl CpuExecutable {
     }
 }
 
-/// Copies a tensor into its arena slot; no allocation when the dtypes agree (the common case).
-fn write_binding(arena: &mut [u8], b: &Binding, data: &TensorData) {
-    let converted;
-    let d = if data.dtype() == b.dtype {
-        data
-    } else {
-        converted = data.convert(b.dtype);
-        &converted
-    };
+/// Copies a tensor into its arena slot (of the same dtype: `run` checked).
+fn write_binding(arena: &mut [u8], b: &Binding, d: &TensorData) {
     let dst = &mut arena[b.offset..b.offset + b.bytes()];
     macro_rules! put {
         ($v:expr, $n:literal) => {
@@ -300,7 +303,7 @@ fn write_binding(arena: &mut [u8], b: &Binding, data: &TensorData) {
     }
 }
 
-/// Copies an arena slot into an output tensor in place; no allocation when the dtypes agree.
+/// Copies an arena slot into an output tensor in place (of the same dtype: `run` checked).
 fn read_binding(arena: &[u8], b: &Binding, out: &mut TensorData) {
     let src = &arena[b.offset..b.offset + b.bytes()];
     macro_rules! get {
@@ -314,6 +317,6 @@ fn read_binding(arena: &[u8], b: &Binding, out: &mut TensorData) {
         (TensorData::I32(v), DType::I32) => get!(v, i32, 4),
         (TensorData::F16(v), DType::F16) => get!(v, half::f16, 2),
         (TensorData::BF16(v), DType::BF16) => get!(v, half::bf16, 2),
-        (out, _) => *out = TensorData::from_le_bytes(b.dtype, src).convert(out.dtype()),
+        (out, _) => *out = TensorData::from_le_bytes(b.dtype, src),
     }
 }

@@ -63,7 +63,7 @@ pub fn tensor_bytes_mut(d: &mut crate::dtype::TensorData) -> &mut [u8] {
 
 /// The one-line error for a machine without the CUDA driver library.
 pub fn missing_driver_error() -> Error {
-    Error::Backend(
+    Error::Environment(
         "CUDA driver library not found (libcuda.so / libcuda.so.1 could not be loaded): this machine has no \
          NVIDIA driver; use --backend cpu"
             .into(),
@@ -246,10 +246,10 @@ mod exec {
             result::init().map_err(|e| drv("cuInit (is an NVIDIA GPU present and its driver loaded?)", e))?;
             let count = result::device::get_count().map_err(|e| drv("cuDeviceGetCount", e))?;
             if count <= 0 {
-                return Err(Error::Backend("CUDA driver found, but it reports no GPU".into()));
+                return Err(Error::environment("CUDA driver found, but it reports no GPU"));
             }
             if ordinal >= count as usize {
-                return Err(Error::Backend(format!("no CUDA device {ordinal}: the driver reports {count}")));
+                return Err(Error::environment(format!("no CUDA device {ordinal}: the driver reports {count}")));
             }
             let ctx = CudaContext::new(ordinal).map_err(|e| drv("creating the context", e))?;
             // One stream, synchronized explicitly: cudarc's per-buffer event tracking is not needed.
@@ -664,7 +664,6 @@ mod exec {
             }
             let stream = self.dev.stream.cu_stream();
             for (i, (t, slot)) in batch.tensors.iter().zip(&self.spec.inputs).enumerate() {
-                let Some(offset) = slot.offset else { continue };
                 if t.dtype() != slot.dtype || t.shape != slot.shape {
                     return Err(Error::bad_batch(format!(
                         "input {i} is {} {:?}; the plan for bucket {} needs {} {:?}",
@@ -675,6 +674,8 @@ mod exec {
                         slot.shape
                     )));
                 }
+                // An input no kernel reads: checked, not copied.
+                let Some(offset) = slot.offset else { continue };
                 let bytes = tensor_bytes(&t.data);
                 // SAFETY: `validate` checked the slot lies inside the arena; the host memory stays
                 // alive until the stream is synchronized below.

@@ -80,7 +80,7 @@ impl EmuModule {
     /// Compiles `module` for the host (cached by source hash under the temp dir).
     pub fn build(module: &EmittedModule) -> Result<EmuModule> {
         let cxx = host_compiler()
-            .ok_or_else(|| Error::Backend("no host C++ compiler (g++/c++/clang++) on PATH for CUDA emulation".into()))?;
+            .ok_or_else(|| Error::environment("no host C++ compiler (g++/c++/clang++) on PATH for CUDA emulation"))?;
         let src = emu_source(module);
         let mut h = DefaultHasher::new();
         src.hash(&mut h);

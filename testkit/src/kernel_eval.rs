@@ -1,6 +1,7 @@
 //! A kernel-level evaluator: runs a [`KernelProgram`] kernel by kernel from each kernel's own
-//! kernel-IR description, in f32, with every arena buffer at its planned offset in ONE byte
-//! arena. A wrong offset, a view outside its buffer, an illegal in-place reuse or a kernel
+//! kernel-IR description, in f32, with every buffer where the targets' shared placement
+//! (`kiln_compiler::placement`) puts it: intermediates at their planned offsets and the graph's
+//! inputs and outputs after them, in ONE byte arena. A wrong offset, a view outside its buffer, an illegal in-place reuse or a kernel
 //! description that does not mean what the graph meant shows up as a wrong result when
 //! compared with the reference interpreter on the unfused graph.
 //!
@@ -17,6 +18,11 @@ use kiln_runtime::{DType, Error, HostTensor, Result, TensorData};
 use kiln_compiler::ops;
 use kiln_compiler::kernel_ir::*;
 use kiln_compiler::memory_plan::MemoryPlan;
+use kiln_compiler::placement::{place, ConstantHome, Loc as PlaceLoc, PlacementPolicy};
+
+/// The evaluator's placement: the targets' regions, constants apart, unread inputs unbound.
+const EVAL_PLACEMENT: PlacementPolicy =
+    PlacementPolicy { align: 64, constants: ConstantHome::OwnBuffers, bind_unused_inputs: false };
 
 #[derive(Clone, Copy)]
 enum Loc {
@@ -193,21 +199,25 @@ pub fn run_program(
     weights: &[HostTensor],
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>> {
+    // The targets' placement (intermediates at the planned offsets, then the graph inputs and
+    // outputs), so that a planned offset overlapping an I/O slot shows here too; weights and
+    // constants in storage of their own.
+    let types: Vec<(DType, Vec<usize>)> = program
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(gi, b)| match b {
+            Some(b) => (program.buffer(*b).dtype, program.buffer(*b).shape.clone()),
+            None => inputs.get(gi).map_or((DType::F32, vec![0]), |t| (t.dtype(), t.shape.clone())),
+        })
+        .collect();
+    let placed = place(program, &plan.offsets, plan.arena_bytes, &types, EVAL_PLACEMENT)?;
+    let mut arena = vec![0xFFu8; placed.end];
     let mut own = Vec::new();
     let mut loc = Vec::new();
     for (bi, b) in program.buffers.iter().enumerate() {
-        let bytes = match &b.kind {
-            BufferKind::Arena => {
-                let off = plan.offsets.get(bi).copied().flatten().ok_or_else(|| {
-                    Error::graph("<kernel eval>", format!("b{bi} \"{}\" has no arena offset", b.name))
-                })?;
-                if off + b.bytes() > plan.arena_bytes {
-                    return Err(Error::graph("<kernel eval>", format!("b{bi} runs past the arena")));
-                }
-                loc.push(Loc::Arena(off));
-                continue;
-            }
-            BufferKind::Input { index } => {
+        let bytes = match (&b.kind, placed.locs[bi]) {
+            (BufferKind::Input { index }, PlaceLoc::Arena(off)) => {
                 let t = inputs
                     .get(*index)
                     .ok_or_else(|| Error::bad_batch(format!("input #{index} (`{}`) missing", b.name)))?;
@@ -221,9 +231,17 @@ pub fn run_program(
                         b.shape
                     )));
                 }
-                t.data.to_le_bytes()
+                let bytes = t.data.to_le_bytes();
+                arena[off..off + bytes.len()].copy_from_slice(&bytes);
+                loc.push(Loc::Arena(off));
+                continue;
             }
-            BufferKind::Weight { index, layout } => {
+            (_, PlaceLoc::Arena(off)) => {
+                loc.push(Loc::Arena(off));
+                continue;
+            }
+            (_, PlaceLoc::Const(ci)) => placed.constants[ci].clone(),
+            (BufferKind::Weight { index, layout }, PlaceLoc::Weight(_)) => {
                 let t = weights
                     .get(*index)
                     .ok_or_else(|| Error::graph("<weights>", format!("weight #{index} (`{}`) missing", b.name)))?;
@@ -256,26 +274,23 @@ pub fn run_program(
                 };
                 data.to_le_bytes()
             }
-            BufferKind::Constant { values } => TensorData::F32(values.clone()).to_le_bytes(),
-            BufferKind::Output { .. } => vec![0xFF; b.bytes()],
+            (kind, l) => return Err(Error::internal("kernel eval", format!("b{bi} ({kind:?}) placed at {l:?}"))),
         };
         own.push(bytes);
         loc.push(Loc::Own(own.len() - 1));
     }
-    let mut mem = Mem {
-        arena: vec![0xFF; plan.arena_bytes],
-        own,
-        loc,
-        dtype: program.buffers.iter().map(|b| b.dtype).collect(),
-    };
+    let mut mem = Mem { arena, own, loc, dtype: program.buffers.iter().map(|b| b.dtype).collect() };
     for k in &program.kernels {
         run_kernel(program, k, &mut mem)?;
     }
     let mut outs = Vec::new();
     for &b in &program.outputs {
         let buf = program.buffer(b);
-        let Loc::Own(i) = mem.loc[b.index()] else { unreachable!("outputs are not in the arena") };
-        outs.push(HostTensor::new(buf.shape.clone(), TensorData::from_le_bytes(buf.dtype, &mem.own[i]))?);
+        let Loc::Arena(off) = mem.loc[b.index()] else {
+            return Err(Error::internal("kernel eval", format!("output `{}` is not in the arena", buf.name)));
+        };
+        let bytes = &mem.arena[off..off + buf.bytes()];
+        outs.push(HostTensor::new(buf.shape.clone(), TensorData::from_le_bytes(buf.dtype, bytes))?);
     }
     Ok(outs)
 }

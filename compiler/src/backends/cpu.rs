@@ -23,7 +23,8 @@ use kiln_runtime::graph::{Bucket, Graph};
 use kiln_runtime::{HostTensor, Result};
 
 use crate::codegen::cpu::{build_isa, compile_with_isa, CodegenOptions, CompiledProgram, CpuTarget, CodegenIsa, Layout};
-use crate::pipeline::run_pipeline;
+use crate::codegen::cpu::LAYOUT_POLICY;
+use crate::pipeline::run_pipeline_for;
 
 /// Options of a [`CpuBackend`].
 #[derive(Debug, Clone)]
@@ -87,7 +88,7 @@ impl CpuBackend {
     /// Runs the pipeline and the code generator for one bucket (no loading).
     pub fn compile(&self, graph: &Graph, bucket: Bucket, keep_clif: bool) -> Result<(CompiledProgram, LowerTimes)> {
         let t0 = Instant::now();
-        let lowered = run_pipeline(graph, bucket)?;
+        let lowered = run_pipeline_for(graph, bucket, LAYOUT_POLICY)?;
         let pipeline_ms = t0.elapsed().as_secs_f64() * 1e3;
         let c = compile_with_isa(&lowered, &self.codegen_options(keep_clif), &self.isa)?;
         Ok((c.clone(), LowerTimes { pipeline_ms, codegen_ms: c.codegen_ms, load_ms: 0.0 }))
@@ -131,7 +132,7 @@ impl Backend for CpuBackend {
         // Only a head start: a graph that cannot be lowered at 1×1 (a bucket-dependent shape)
         // still uploads, and each bucket's lowering prepares its own slots and reports its own
         // errors. Errors of the preparation itself are returned.
-        if let Ok(lowered) = run_pipeline(graph, Bucket::new(1, 1)) {
+        if let Ok(lowered) = run_pipeline_for(graph, Bucket::new(1, 1), LAYOUT_POLICY) {
             if let Ok(layout) = Layout::new(&lowered) {
                 for s in &layout.slots {
                     w.prepare_slot(s)?;

@@ -16,8 +16,24 @@ use crate::kernel_ir::WeightLayout;
 
 pub struct LayoutPass;
 
-/// The layout decision for every weight-table entry of `graph`.
-pub fn decide_layouts(graph: &Graph) -> Vec<WeightLayout> {
+/// How a target wants its weights stored: the middle end's one knob for the target, so that no
+/// code generator undoes another target's layout decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayoutPolicy {
+    /// A linear layer's weight (every use the B operand of a `transpose_b` MatMul) is stored
+    /// transposed, `[in, out]`: the CPU's GEMM packs B from `[k, n]` rows.
+    #[default]
+    TransposeLinearWeights,
+    /// Every weight stays in its checkpoint layout: the GPU kernels read any layout through
+    /// strides, and weights are uploaded as they are.
+    Checkpoint,
+}
+
+/// The layout decision for every weight-table entry of `graph` under `policy`.
+pub fn decide_layouts(graph: &Graph, policy: LayoutPolicy) -> Vec<WeightLayout> {
+    if policy == LayoutPolicy::Checkpoint {
+        return vec![WeightLayout::AsIs; graph.weights.len()];
+    }
     let mut all_tb = vec![true; graph.weights.len()];
     let mut used = vec![false; graph.weights.len()];
     let weight_of = |v: kiln_runtime::ValueId| match graph.node(v).op {
@@ -58,7 +74,7 @@ impl Pass for LayoutPass {
     }
 
     fn run(&self, graph: &Graph, ctx: &mut PassCtx) -> Result<Graph> {
-        ctx.layouts = decide_layouts(graph);
+        ctx.layouts = decide_layouts(graph, ctx.layout_policy);
         Ok(graph.clone())
     }
 

@@ -1,5 +1,5 @@
-//! Graph-to-graph passes of the middle-end, one file each, run in a fixed order by
-//! [`crate::pipeline`]. Every pass takes a valid graph and returns a valid graph (the pipeline
+//! Graph-to-graph passes of the middle-end, one file each, run in a fixed order by the
+//! pipeline. Every pass takes a valid graph and returns a valid graph (the pipeline
 //! validates after each one in debug builds).
 //!
 //! | pass | does |
@@ -9,7 +9,7 @@
 //! | `simplify` | algebra: reshape/transpose chains collapse, identity reshapes/transposes/casts go, `x*1`, `x+0`, `x-0`, `x/1`, `--x` go, a last-two-dims transpose feeding a MatMul becomes its transpose flag |
 //! | `cse` | merges nodes with the same op, inputs and type |
 //! | `dce` | drops nodes no output depends on |
-//! | `layout` | decides weight layouts for the backends (see [`crate::kernel_ir::WeightLayout`]) |
+//! | `layout` | decides weight layouts under the target's `LayoutPolicy` (see `kernel_ir::WeightLayout`) |
 
 pub mod const_fold;
 pub mod cse;
@@ -23,18 +23,21 @@ use kiln_runtime::graph::{Bucket, Dim, Graph, Op, ValueId};
 use kiln_runtime::Result;
 
 use crate::kernel_ir::WeightLayout;
+pub use layout::LayoutPolicy;
 
 /// What passes share besides the graph.
 #[derive(Debug, Clone)]
 pub struct PassCtx {
     pub bucket: Bucket,
+    /// The target's wish for weight layouts (read by the `layout` pass).
+    pub layout_policy: LayoutPolicy,
     /// One entry per weight-table entry; filled by the `layout` pass.
     pub layouts: Vec<WeightLayout>,
 }
 
 impl PassCtx {
-    pub fn new(graph: &Graph, bucket: Bucket) -> Self {
-        PassCtx { bucket, layouts: vec![WeightLayout::AsIs; graph.weights.len()] }
+    pub fn new(graph: &Graph, bucket: Bucket, layout_policy: LayoutPolicy) -> Self {
+        PassCtx { bucket, layout_policy, layouts: vec![WeightLayout::AsIs; graph.weights.len()] }
     }
 }
 

@@ -1,26 +1,28 @@
 //! Where every buffer of a program lives for the generated code.
 //!
-//! The arena of a CPU plan is, in order: the memory plan's intermediates (at the planned
-//! offsets), then one slot per graph input, one per graph output, the constant tensors
-//! (written once at load), and a scratch region shared by the kernels (they run one after
-//! the other) for GEMM/attention working memory and materialized operands. Weights are not in
+//! The arena of a CPU plan is the shared placement ([`crate::placement`]: intermediates, graph
+//! inputs, graph outputs, constants written once at load) under [`CPU_PLACEMENT`], then a scratch
+//! region shared by the kernels (they run one after the other) for GEMM/attention working memory
+//! and materialized operands. Weights are not in
 //! the arena: the code reads entry `i` of the weights pointer array, prepared by the runtime as
 //! [`WeightSlot`] `i` says (as is, transposed, or packed for the GEMM microkernel).
 
 use std::collections::BTreeMap;
 
 use kiln_runtime::cpu::{Binding, WeightPrep, WeightSlot};
-use kiln_runtime::{DType, Error, Result, TensorData};
+use kiln_runtime::{DType, Error, Result};
 
 use crate::kernel_ir::{BufferKind, KernelOp, KernelProgram, BufferView, WeightLayout};
 use crate::pipeline::Lowered;
+use crate::placement::{input_types, place, ConstantHome, IoPlace, Loc, PlacementPolicy};
 
 /// Alignment of every region the layout places, in bytes.
 pub const ALIGN: usize = 64;
 
-fn align(n: usize) -> usize {
-    n.div_ceil(ALIGN) * ALIGN
-}
+/// The CPU's placement: 64-byte regions (a cache line, an AVX-512 vector), constants in the
+/// arena (written at load), every graph input bound (the runtime writes each one).
+pub const CPU_PLACEMENT: PlacementPolicy =
+    PlacementPolicy { align: ALIGN, constants: ConstantHome::Arena, bind_unused_inputs: true };
 
 /// Where a buffer's element 0 is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,52 +95,22 @@ impl Layout {
             outputs: Vec::new(),
             scratch_offset: 0,
         };
-        // Intermediates at their planned offsets.
-        for (i, b) in program.buffers.iter().enumerate() {
-            if b.is_arena() {
-                let off = plan.offsets.get(i).copied().flatten().ok_or_else(|| {
-                    Error::Backend(format!("buffer b{i} \"{}\" has no arena offset in the memory plan", b.name))
-                })?;
-                if off + b.bytes() > plan.arena_bytes {
-                    return Err(Error::Backend(format!("buffer b{i} runs past the planned arena")));
-                }
-                l.base[i] = Some(Base::Arena(off));
-            }
-        }
-        let mut end = align(plan.arena_bytes);
-        // Inputs: one binding per graph input, in graph order.
-        for (gi, spec) in lowered.graph.inputs.iter().enumerate() {
-            let (dtype, shape) = match program.inputs.get(gi).copied().flatten() {
-                Some(b) => {
-                    let buf = program.buffer(b);
-                    l.base[b.index()] = Some(Base::Arena(end));
-                    (buf.dtype, buf.shape.clone())
-                }
-                None => (spec.dtype, spec.shape.iter().map(|d| d.resolve(lowered.bucket)).collect()),
+        // Intermediates, graph inputs and outputs, constants: the shared placement.
+        let inputs = input_types(&lowered.graph, lowered.bucket);
+        let p = place(program, &plan.offsets, plan.arena_bytes, &inputs, CPU_PLACEMENT)?;
+        for (i, loc) in p.locs.iter().enumerate() {
+            l.base[i] = match *loc {
+                Loc::Arena(off) => Some(Base::Arena(off)),
+                // Read through a weight slot (below).
+                Loc::Weight(_) => None,
+                Loc::Const(_) => return Err(Error::internal("cpu layout", "a constant outside the arena")),
             };
-            let bind = Binding { offset: end, dtype, shape };
-            end = align(end + bind.bytes());
-            l.inputs.push(bind);
         }
-        for &b in &program.outputs {
-            let buf = program.buffer(b);
-            l.base[b.index()] = Some(Base::Arena(end));
-            l.outputs.push(Binding { offset: end, dtype: buf.dtype, shape: buf.shape.clone() });
-            end = align(end + buf.bytes());
-        }
-        for (i, b) in program.buffers.iter().enumerate() {
-            if let BufferKind::Constant { values } = &b.kind {
-                if values.len() != b.numel() {
-                    return Err(Error::Backend(format!("constant b{i} has {} values for shape {:?}", values.len(), b.shape)));
-                }
-                let v: Vec<f64> = values.iter().map(|&x| x as f64).collect();
-                let bytes = TensorData::from_f64(b.dtype, &v).to_le_bytes();
-                l.base[i] = Some(Base::Arena(end));
-                let n = bytes.len();
-                l.arena_init.push((end, bytes));
-                end = align(end + n);
-            }
-        }
+        let binding = |io: &IoPlace| Binding { offset: io.offset.unwrap_or(0), dtype: io.dtype, shape: io.shape.clone() };
+        l.inputs = p.inputs.iter().map(binding).collect();
+        l.outputs = p.outputs.iter().map(binding).collect();
+        l.arena_init = p.arena_init;
+        let end = p.end;
         // Weights: packed B operands, then every other weight read directly.
         for ki in 0..program.kernels.len() {
             if let Some(s) = packed_b_slot(program, ki) {
@@ -162,7 +134,7 @@ impl Layout {
                             (vec![buf.shape[1], buf.shape[0]], WeightPrep::Transposed)
                         }
                         WeightLayout::Transposed => {
-                            return Err(Error::Backend(format!("transposed weight b{} is not rank 2", t.buffer.0)))
+                            return Err(Error::internal("cpu layout", format!("transposed weight b{} is not rank 2", t.buffer.0)))
                         }
                     };
                     let si = l.slot(WeightSlot { index: *index, shape, dtype: buf.dtype, prep });

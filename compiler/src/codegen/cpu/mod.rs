@@ -39,6 +39,9 @@ use crate::kernel_ir::{Kernel, KernelOp, KernelProgram};
 use crate::pipeline::Lowered;
 use emit::{kernel_signature, Env, Fx};
 pub use layout::Layout;
+
+/// Linear layers' weights stored transposed, `[in, out]`: the GEMM packs B from `[k, n]` rows.
+pub const LAYOUT_POLICY: crate::passes::LayoutPolicy = crate::passes::LayoutPolicy::TransposeLinearWeights;
 pub use module::{build_isa, CpuTarget, CodegenIsa};
 
 /// How to generate code.
@@ -125,7 +128,7 @@ pub fn compile_with_isa(lowered: &Lowered, opts: &CodegenOptions, isa: &CodegenI
             clif.push((k.name.clone(), func.display().to_string()));
         }
         let bytes = module::compile_function(isa, func, &mut ctx)
-            .map_err(|e| Error::Backend(format!("kernel k{ki} `{}` ({}): {e}", k.name, k.op.kind_name())))?;
+            .map_err(|e| Error::internal("cranelift", format!("kernel k{ki} `{}` ({}): {e}", k.name, k.op.kind_name())))?;
         let entry = module::append_aligned(&mut code, &bytes);
         steps.push(CpuStep { name: k.name.clone(), entry, tasks: tasks.max(1) });
     }

@@ -101,9 +101,9 @@ pub fn compile_function(isa: &CodegenIsa, func: Function, ctx: &mut Context) -> 
     ctx.func = func;
     let code = ctx
         .compile(&*isa.isa, &mut Default::default())
-        .map_err(|e| Error::Backend(format!("cranelift could not compile kernel {name}: {:?}", e.inner)))?;
+        .map_err(|e| Error::internal("cranelift", format!("cranelift could not compile kernel {name}: {:?}", e.inner)))?;
     if let Some(r) = code.buffer.relocs().first() {
-        return Err(Error::Backend(format!(
+        return Err(Error::internal("cranelift", format!(
             "kernel {name}: generated code needs a relocation ({:?} to {:?} at offset {}); CPU plans must be \
              position-independent (does the target lack an instruction, e.g. SSE4.1 rounding or FMA?)",
             r.kind, r.target, r.offset

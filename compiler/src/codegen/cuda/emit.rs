@@ -5,10 +5,10 @@
 //! - Each distinct buffer a kernel touches is one pointer parameter `pJ` (the output's is
 //!   writable; inputs are `const`). `__restrict__` is only put on a pointer whose device bytes
 //!   overlap no other parameter's (the memory plan may run an elementwise kernel in place).
-//! - Views are folded into index arithmetic with constant offsets and strides; a weight stored
-//!   [`WeightLayout::Transposed`] is read in its checkpoint layout through the transposed
-//!   strides, so the CUDA backend uploads weights exactly once and as they are (its GEMM tiles
-//!   go through shared memory, where either layout loads coalesced).
+//! - Views are folded into index arithmetic with constant offsets and strides. GPU plans are
+//!   lowered with every weight in its checkpoint layout ([`super::LAYOUT_POLICY`]), so the CUDA
+//!   backend uploads weights exactly once and as they are (its GEMM tiles go through shared
+//!   memory, where either layout loads coalesced).
 //! - Expressions compute in f32; loads convert to f32 and stores convert like Rust's `as`
 //!   (see `kernels/cuda/prelude.cuh`); a copy of equal element types is a raw copy.
 
@@ -20,7 +20,8 @@ use kiln_runtime::{DType, Error, Result};
 use super::expr::CudaPrims;
 use super::template::{self, specialize};
 use crate::ops;
-use crate::kernel_ir::{Buffer, BufferId, BufferKind, Expr, ExprNode, Kernel, KernelOp, KernelProgram, NormKind, BufferView, WeightLayout};
+use crate::placement::{place, ConstantHome, IoPlace, Loc, PlacementPolicy};
+use crate::kernel_ir::{BufferId, BufferKind, Expr, ExprNode, Kernel, KernelOp, KernelProgram, NormKind, BufferView, WeightLayout};
 
 /// Where a buffer's bytes live on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,86 +34,74 @@ pub enum BufLoc {
     Const { index: u32 },
 }
 
-/// Device placement of every buffer of a program.
+/// Device placement of every buffer of a program: the shared placement
+/// ([`crate::placement`]) under [`CUDA_PLACEMENT`], in the plan's integer widths.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DevicePlacement {
     pub locs: Vec<BufLoc>,
     pub arena_bytes: u64,
     /// Bytes of each plan constant (the buffer's dtype, little-endian).
     pub constants: Vec<Vec<u8>>,
+    /// Each graph input's slot (`None` offset: no kernel reads it; the runtime checks its type
+    /// and copies nothing).
+    pub inputs: Vec<IoPlace>,
+    pub outputs: Vec<IoPlace>,
 }
 
-const ALIGN: u64 = 256;
+/// The GPU's placement: 256-byte regions (what `cudaMalloc` guarantees, so vector loads of any
+/// width stay aligned), constants in their own device buffers, unread inputs unbound.
+pub const CUDA_PLACEMENT: PlacementPolicy =
+    PlacementPolicy { align: 256, constants: ConstantHome::OwnBuffers, bind_unused_inputs: false };
+
+const ALIGN: u64 = CUDA_PLACEMENT.align as u64;
 
 fn align_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
-fn constant_bytes(b: &Buffer, values: &[f32]) -> Vec<u8> {
-    let data = kiln_runtime::TensorData::F32(values.to_vec()).convert(b.dtype);
-    kiln_runtime::cuda::tensor_bytes(&data).to_vec()
-}
-
 impl DevicePlacement {
     /// Places the program's buffers: arena buffers at the memory plan's `offsets` (indexed like
     /// `program.buffers`, `Some` for every [`BufferKind::Arena`] buffer) inside `planned_bytes`;
-    /// graph inputs and outputs in their own slots after that; weights and constants in their
-    /// own device buffers.
-    pub fn new(program: &KernelProgram, offsets: &[Option<u64>], planned_bytes: u64) -> Result<DevicePlacement> {
-        if offsets.len() != program.buffers.len() {
-            return Err(Error::Backend(format!(
-                "memory plan covers {} buffers, the program has {}",
-                offsets.len(),
-                program.buffers.len()
-            )));
-        }
-        let mut next = align_up(planned_bytes);
-        let mut locs = Vec::with_capacity(program.buffers.len());
-        let mut constants = Vec::new();
-        for (i, b) in program.buffers.iter().enumerate() {
-            let loc = match &b.kind {
-                BufferKind::Arena => {
-                    let off = offsets[i].ok_or_else(|| {
-                        Error::Backend(format!("memory plan gives arena buffer b{i} (`{}`) no offset", b.name))
-                    })?;
-                    if off + b.bytes() as u64 > planned_bytes {
-                        return Err(Error::Backend(format!(
-                            "memory plan puts b{i} (`{}`, {} bytes) at {off}, past the {planned_bytes}-byte arena",
-                            b.name,
-                            b.bytes()
-                        )));
-                    }
-                    BufLoc::Arena { offset: off }
-                }
-                BufferKind::Input { .. } | BufferKind::Output { .. } => {
-                    let off = next;
-                    next = align_up(next + b.bytes() as u64);
-                    BufLoc::Arena { offset: off }
-                }
-                BufferKind::Weight { index, .. } => BufLoc::Weight { index: *index as u32 },
-                BufferKind::Constant { values } => {
-                    constants.push(constant_bytes(b, values));
-                    BufLoc::Const { index: (constants.len() - 1) as u32 }
-                }
-            };
-            locs.push(loc);
-        }
-        Ok(DevicePlacement { locs, arena_bytes: next, constants })
+    /// graph inputs (of the types `inputs` gives) and outputs in their own slots after that;
+    /// weights and constants in their own device buffers.
+    pub fn new(
+        program: &KernelProgram,
+        offsets: &[Option<usize>],
+        planned_bytes: usize,
+        inputs: &[(DType, Vec<usize>)],
+    ) -> Result<DevicePlacement> {
+        let p = place(program, offsets, planned_bytes, inputs, CUDA_PLACEMENT)?;
+        let locs = p
+            .locs
+            .iter()
+            .map(|l| match *l {
+                Loc::Arena(offset) => BufLoc::Arena { offset: offset as u64 },
+                Loc::Weight(index) => BufLoc::Weight { index: index as u32 },
+                Loc::Const(index) => BufLoc::Const { index: index as u32 },
+            })
+            .collect();
+        Ok(DevicePlacement { locs, arena_bytes: p.end as u64, constants: p.constants, inputs: p.inputs, outputs: p.outputs })
     }
 
-    /// A placement without a memory plan: every arena buffer gets its own slot (no reuse).
+    /// A placement without a memory plan (hand-built programs in tests): every arena buffer
+    /// gets its own slot (no reuse), inputs the types of their buffers.
     pub fn unshared(program: &KernelProgram) -> DevicePlacement {
         let mut offsets = Vec::with_capacity(program.buffers.len());
         let mut next = 0u64;
         for b in &program.buffers {
             if b.is_arena() {
-                offsets.push(Some(next));
+                offsets.push(Some(next as usize));
                 next = align_up(next + b.bytes() as u64);
             } else {
                 offsets.push(None);
             }
         }
-        DevicePlacement::new(program, &offsets, next).expect("an unshared placement is valid")
+        let inputs: Vec<(DType, Vec<usize>)> = program
+            .inputs
+            .iter()
+            .map(|b| b.map_or((DType::F32, vec![0]), |b| (program.buffer(b).dtype, program.buffer(b).shape.clone())))
+            .collect();
+        DevicePlacement::new(program, &offsets, next as usize, &inputs).expect("an unshared placement is valid")
     }
 
     fn byte_range(&self, program: &KernelProgram, b: BufferId) -> (u8, u64, u64) {
@@ -137,7 +126,7 @@ pub struct CudaTarget {
 impl CudaTarget {
     pub fn new(arch: &str) -> Result<CudaTarget> {
         let (maj, min) = kiln_runtime::cuda::parse_arch(arch)
-            .ok_or_else(|| Error::Backend(format!("`{arch}` is not a CUDA architecture (sm_XY)")))?;
+            .ok_or_else(|| Error::Unsupported(format!("`{arch}` is not a CUDA architecture (sm_XY)")))?;
         if maj < 7 {
             return Err(Error::Unsupported(format!("CUDA architecture {arch}: kiln needs sm_70 or newer")));
         }
@@ -296,7 +285,7 @@ impl<'a> Ctx<'a> {
         }
         for &b in &bufs {
             if b.index() >= prog.buffers.len() {
-                return Err(Error::Backend(format!("kernel `{}` names buffer {b}, which does not exist", kernel.name)));
+                return Err(Error::internal("cuda emit", format!("kernel `{}` names buffer {b}, which does not exist", kernel.name)));
             }
         }
         let ranges: Vec<_> = bufs.iter().map(|&b| place.byte_range(prog, b)).collect();
@@ -332,33 +321,18 @@ impl<'a> Ctx<'a> {
         Error::Unsupported(format!("CUDA backend, kernel `{}` ({}): {m}", self.kernel.name, self.kernel.op.kind_name()))
     }
 
-    /// The view in the buffer's device layout: a transposed weight is read in its checkpoint
-    /// layout (see the module docs).
+    /// The view as the device stores it. GPU plans are lowered with weights in their checkpoint
+    /// layout ([`super::LAYOUT_POLICY`]); a program lowered for another target's layout is a
+    /// kiln bug, refused rather than misread.
     fn device_view(&self, v: &BufferView) -> Result<BufferView> {
         let b = self.prog.buffer(v.buffer);
-        if !matches!(b.kind, BufferKind::Weight { layout: WeightLayout::Transposed, .. }) {
-            return Ok(v.clone());
+        if matches!(b.kind, BufferKind::Weight { layout: WeightLayout::Transposed, .. }) {
+            return Err(Error::internal(
+                "cuda emit",
+                format!("weight `{}` is laid out for another target (lower GPU plans with LayoutPolicy::Checkpoint)", b.name),
+            ));
         }
-        if b.shape.len() != 2 {
-            return Err(self.err(format!("transposed weight `{}` of rank {}", b.name, b.shape.len())));
-        }
-        // Storage [c, r] (row-major) holds checkpoint [r, c]: storage p*r + q is checkpoint q*c + p.
-        let (c, r) = (b.shape[0], b.shape[1]);
-        let (p0, q0) = (v.offset / r, v.offset % r);
-        let (mut pmax, mut qmax) = (p0, q0);
-        let mut strides = Vec::with_capacity(v.rank());
-        for (&n, &s) in v.shape.iter().zip(&v.strides) {
-            let (a, bq) = (s / r, s % r);
-            if n > 1 {
-                pmax += (n - 1) * a;
-                qmax += (n - 1) * bq;
-            }
-            strides.push(bq * c + a);
-        }
-        if qmax >= r || pmax >= c {
-            return Err(self.err(format!("view {v} of transposed weight `{}` does not map to its checkpoint layout", b.name)));
-        }
-        Ok(BufferView { buffer: v.buffer, offset: q0 * c + p0, shape: v.shape.clone(), strides })
+        Ok(v.clone())
     }
 
     /// Element index of `v` at coordinates `coords` (C expressions, one per dim; dims of size
@@ -436,7 +410,7 @@ impl<'a> Ctx<'a> {
 
     fn check_shape(&self, what: &str, v: &BufferView, shape: &[usize]) -> Result<()> {
         if v.shape != shape || v.strides.len() != shape.len() {
-            return Err(Error::Backend(format!(
+            return Err(Error::internal("cuda emit", format!(
                 "kernel `{}`: {what} view has shape {:?}, the kernel needs {shape:?}",
                 self.kernel.name, v.shape
             )));
@@ -483,7 +457,7 @@ fn expr_code(
     acc: Option<&str>,
 ) -> Result<(String, String)> {
     if expr.nodes.is_empty() {
-        return Err(Error::Backend("empty expression".into()));
+        return Err(Error::internal("cuda emit", "empty expression"));
     }
     let mut code = String::new();
     let v = |i: u32| format!("{prefix}{i}");
@@ -495,12 +469,12 @@ fn expr_code(
             _ => vec![],
         } {
             if operand as usize >= i {
-                return Err(Error::Backend(format!("expression node {i} uses later node {operand}")));
+                return Err(Error::internal("cuda emit", format!("expression node {i} uses later node {operand}")));
             }
         }
         let rhs = match n {
             ExprNode::Load(k) => load(*k)?,
-            ExprNode::Acc => acc.ok_or_else(|| Error::Backend("`acc` outside a GEMM epilogue".into()))?.to_string(),
+            ExprNode::Acc => acc.ok_or_else(|| Error::internal("cuda emit", "`acc` outside a GEMM epilogue"))?.to_string(),
             ExprNode::Const(c) => f32_lit(*c),
             ExprNode::Unary(op, a) => {
                 let mut p = CudaPrims::new(format!("{prefix}{i}_"));
@@ -638,7 +612,7 @@ fn emit_elementwise(ctx: &Ctx, expr: &Expr) -> Result<Body> {
 fn emit_gather(ctx: &Ctx) -> Result<Body> {
     let k = ctx.kernel;
     if k.inputs.len() != 2 || k.inputs[0].rank() != 2 {
-        return Err(Error::Backend(format!("gather `{}` needs a rank-2 table and ids", k.name)));
+        return Err(Error::internal("cuda emit", format!("gather `{}` needs a rank-2 table and ids", k.name)));
     }
     let (table, ids) = (&k.inputs[0], &k.inputs[1]);
     let ids_dt = ctx.dtype(ids.buffer);
@@ -691,7 +665,7 @@ fn emit_concat(ctx: &Ctx, axis: usize) -> Result<Body> {
     let k = ctx.kernel;
     let shape = k.output.shape.clone();
     if axis >= shape.len() || k.inputs.is_empty() {
-        return Err(Error::Backend(format!("concat `{}` along axis {axis} of {:?}", k.name, shape)));
+        return Err(Error::internal("cuda emit", format!("concat `{}` along axis {axis} of {:?}", k.name, shape)));
     }
     let numel: usize = shape.iter().product();
     let (coords, names) = coords_code("    ", "i", &shape, "c");
@@ -719,7 +693,7 @@ fn emit_concat(ctx: &Ctx, axis: usize) -> Result<Body> {
         start = end;
     }
     if start != shape[axis] {
-        return Err(Error::Backend(format!("concat `{}`: inputs cover {start} of {} along axis {axis}", k.name, shape[axis])));
+        return Err(Error::internal("cuda emit", format!("concat `{}`: inputs cover {start} of {} along axis {axis}", k.name, shape[axis])));
     }
     let source = specialize(
         "concat.cuh",
@@ -872,7 +846,7 @@ fn emit_row(ctx: &Ctx, kind: RowKind, prologue: &Expr) -> Result<Body> {
 fn emit_reduce(ctx: &Ctx, op: ReduceOp, shape: &[usize], reduced: usize, prologue: &Expr) -> Result<Body> {
     let k = ctx.kernel;
     if reduced > shape.len() {
-        return Err(Error::Backend(format!("reduce `{}` of {reduced} dims of {shape:?}", k.name)));
+        return Err(Error::internal("cuda emit", format!("reduce `{}` of {reduced} dims of {shape:?}", k.name)));
     }
     let lead = shape.len() - reduced;
     let outer: usize = shape[..lead].iter().product();
@@ -949,7 +923,7 @@ fn emit_gemm(
 ) -> Result<Body> {
     let k = ctx.kernel;
     if k.inputs.len() < 2 {
-        return Err(Error::Backend(format!("gemm `{}` has {} inputs", k.name, k.inputs.len())));
+        return Err(Error::internal("cuda emit", format!("gemm `{}` has {} inputs", k.name, k.inputs.len())));
     }
     let bshape = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
     ctx.check_shape("A", &k.inputs[0], &bshape([m, kd]))?;
@@ -1119,7 +1093,7 @@ fn emit_attention(
     let k = ctx.kernel;
     let bshape = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
     if k.inputs.len() < 3 {
-        return Err(Error::Backend(format!("attention `{}` has {} inputs", k.name, k.inputs.len())));
+        return Err(Error::internal("cuda emit", format!("attention `{}` has {} inputs", k.name, k.inputs.len())));
     }
     ctx.check_shape("Q", &k.inputs[0], &bshape([sq, d]))?;
     ctx.check_shape("K", &k.inputs[1], &bshape([skv, d]))?;

@@ -23,7 +23,7 @@ pub mod template;
 pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, EmittedModule, Param, DevicePlacement};
 
 use kiln_runtime::cuda::{CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightEntry, CUDA_PLAN_VERSION};
-use kiln_runtime::{Error, Graph, Result};
+use kiln_runtime::{Graph, Result};
 
 use crate::kernel_ir::KernelProgram;
 
@@ -52,25 +52,13 @@ pub fn plan_skeleton(
             args: k.params.iter().map(|p| arg(p.buffer)).collect(),
         })
         .collect();
-    let slot = |b: crate::kernel_ir::BufferId| -> Result<IoSlot> {
-        let buf = program.buffer(b);
-        match place.locs[b.index()] {
-            BufLoc::Arena { offset } => Ok(IoSlot { offset: Some(offset), dtype: buf.dtype, shape: buf.shape.clone() }),
-            other => Err(Error::Backend(format!("graph input/output `{}` placed at {other:?}, not in the arena", buf.name))),
-        }
+    let slot = |io: &crate::placement::IoPlace| IoSlot {
+        offset: io.offset.map(|o| o as u64),
+        dtype: io.dtype,
+        shape: io.shape.clone(),
     };
-    let mut inputs = Vec::with_capacity(program.inputs.len());
-    for (i, b) in program.inputs.iter().enumerate() {
-        match b {
-            Some(b) => inputs.push(slot(*b)?),
-            None => {
-                // An input no kernel reads: the runtime checks its type and copies nothing.
-                let _ = i;
-                inputs.push(IoSlot { offset: None, dtype: kiln_runtime::DType::I64, shape: vec![] });
-            }
-        }
-    }
-    let outputs = program.outputs.iter().map(|&b| slot(b)).collect::<Result<Vec<_>>>()?;
+    let inputs = place.inputs.iter().map(slot).collect();
+    let outputs = place.outputs.iter().map(slot).collect();
     Ok(CudaPlanSpec {
         version: CUDA_PLAN_VERSION,
         bucket: program.bucket,
@@ -130,15 +118,19 @@ pub struct EmittedPlan {
     pub spec: CudaPlanSpec,
 }
 
+/// Weights stay in their checkpoint layout on the GPU: kernels read any layout through strides,
+/// and weights upload as they are.
+pub const LAYOUT_POLICY: crate::passes::LayoutPolicy = crate::passes::LayoutPolicy::Checkpoint;
+
 /// The GPU placement of a lowered bucket (the memory plan's offsets).
 pub fn placement(lowered: &crate::pipeline::Lowered) -> Result<DevicePlacement> {
-    let offsets: Vec<Option<u64>> = lowered.plan.offsets.iter().map(|o| o.map(|x| x as u64)).collect();
-    DevicePlacement::new(&lowered.program, &offsets, lowered.plan.arena_bytes as u64)
+    let inputs = crate::placement::input_types(&lowered.graph, lowered.bucket);
+    DevicePlacement::new(&lowered.program, &lowered.plan.offsets, lowered.plan.arena_bytes, &inputs)
 }
 
 /// Runs the middle-end for `bucket` and emits CUDA C for `target`.
 pub fn emit_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<EmittedPlan> {
-    let lowered = crate::pipeline::run_pipeline(graph, bucket)?;
+    let lowered = crate::pipeline::run_pipeline_for(graph, bucket, LAYOUT_POLICY)?;
     let place = placement(&lowered)?;
     let module = emit_program(&lowered.program, &place, target)?;
     let spec = plan_skeleton(&lowered.program, &place, &module, weight_entries(graph))?;
@@ -156,5 +148,5 @@ pub fn compile_lowered(graph: &Graph, lowered: &crate::pipeline::Lowered, target
 /// middle end, then [`compile_lowered`]. This is also how GPU plans are compiled ahead of time
 /// on a build machine.
 pub fn compile_graph(graph: &Graph, bucket: kiln_runtime::Bucket, target: &CudaTarget) -> Result<CompiledCuda> {
-    compile_lowered(graph, &crate::pipeline::run_pipeline(graph, bucket)?, target)
+    compile_lowered(graph, &crate::pipeline::run_pipeline_for(graph, bucket, LAYOUT_POLICY)?, target)
 }

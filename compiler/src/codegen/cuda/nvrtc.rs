@@ -20,7 +20,7 @@ pub fn nvrtc_present() -> bool {
 
 /// The one-line error for a machine without NVRTC.
 pub fn missing_nvrtc_error() -> Error {
-    Error::Backend(
+    Error::Environment(
         "NVRTC library not found (libnvrtc.so could not be loaded): install the CUDA toolkit or the PyPI wheel \
          nvidia-cuda-nvrtc-cu12 and put its lib directory on LD_LIBRARY_PATH"
             .into(),
@@ -43,7 +43,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     // SAFETY: the library is present; nvrtcVersion writes two ints.
     let r = unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     if r != nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(Error::Backend(format!("nvrtcVersion failed: {r:?}")));
+        return Err(Error::environment(format!("nvrtcVersion failed: {r:?}")));
     }
     Ok((major, minor))
 }
@@ -62,7 +62,7 @@ fn virtual_arch(arch: &str) -> Result<&'static str> {
         "sm_120" => "compute_120",
         other => {
             let (maj, min) = kiln_runtime::cuda::parse_arch(other)
-                .ok_or_else(|| Error::Backend(format!("`{other}` is not a CUDA architecture (sm_XY)")))?;
+                .ok_or_else(|| Error::Unsupported(format!("`{other}` is not a CUDA architecture (sm_XY)")))?;
             // Rare architectures: a small, bounded leak of one string per distinct name.
             Box::leak(format!("compute_{maj}{min}").into_boxed_str())
         }
@@ -74,7 +74,7 @@ fn virtual_arch(arch: &str) -> Result<&'static str> {
 pub fn compile_ptx(source: &str, arch: &str, name: &str) -> Result<String> {
     require_nvrtc()?;
     if source.contains('\0') {
-        return Err(Error::Backend(format!("CUDA source of `{name}` contains a NUL byte")));
+        return Err(Error::internal("nvrtc", format!("CUDA source of `{name}` contains a NUL byte")));
     }
     let opts = CompileOptions {
         arch: Some(virtual_arch(arch)?),
@@ -88,11 +88,11 @@ pub fn compile_ptx(source: &str, arch: &str, name: &str) -> Result<String> {
     };
     match nvrtc::compile_ptx_with_opts(source, opts) {
         Ok(ptx) => Ok(ptx.to_src()),
-        Err(CompileError::CompileError { log, options, .. }) => Err(Error::Backend(format!(
-            "NVRTC could not compile `{name}` for {arch} (options {options:?}):\n{}",
-            log.to_string_lossy().trim_end()
+        Err(CompileError::CompileError { log, options, .. }) => Err(Error::internal("nvrtc", format!(
+            "NVRTC could not compile `{name}` for {arch} (options {options:?}): {}",
+            log.to_string_lossy().lines().map(str::trim).filter(|l| !l.is_empty()).take(8).collect::<Vec<_>>().join(" | ")
         ))),
-        Err(e) => Err(Error::Backend(format!("NVRTC failed on `{name}` for {arch}: {e:?}"))),
+        Err(e) => Err(Error::internal("nvrtc", format!("NVRTC failed on `{name}` for {arch}: {e:?}"))),
     }
 }
 
@@ -141,9 +141,9 @@ fn run_ptxas(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<u8>> 
             .arg(&out)
             .arg(&src)
             .output()
-            .map_err(|e| Error::Backend(format!("running {}: {e}", ptxas.display())))?;
+            .map_err(|e| Error::environment(format!("running {}: {e}", ptxas.display())))?;
         if !o.status.success() {
-            return Err(Error::Backend(format!(
+            return Err(Error::internal("nvrtc", format!(
                 "ptxas failed for {arch}: {}",
                 String::from_utf8_lossy(&o.stderr).trim_end()
             )));

@@ -22,13 +22,13 @@ pub fn specialize(name: &str, template: &str, vars: &[(&str, String)]) -> Result
     for (k, v) in vars {
         let pat = format!("{{{{{k}}}}}");
         if !out.contains(&pat) {
-            return Err(Error::Backend(format!("CUDA template `{name}` has no placeholder {pat}")));
+            return Err(Error::internal("cuda template", format!("CUDA template `{name}` has no placeholder {pat}")));
         }
         out = out.replace(&pat, v);
     }
     if let Some(p) = out.find("{{") {
         let end = out[p..].find("}}").map_or(out.len(), |e| p + e + 2);
-        return Err(Error::Backend(format!("CUDA template `{name}`: placeholder {} left unfilled", &out[p..end])));
+        return Err(Error::internal("cuda template", format!("CUDA template `{name}`: placeholder {} left unfilled", &out[p..end])));
     }
     Ok(out)
 }
