@@ -183,7 +183,7 @@ pub enum Op {
     Where,
     Cast { to: DType },
     /// Output `output` of a precompiled plan. Only in the interface graph of an artifact
-    /// ([`Signature::graph`](crate::signature::Signature::graph)), which carries a signature and
+    /// (`Signature::graph`), which carries a signature and
     /// no ops: a runtime can run it through the artifact's plans, no compiler can lower it.
     Precompiled { output: usize },
 }

@@ -19,7 +19,7 @@ pub enum KernelError {
     },
     /// The scratch buffer cannot hold even a single-thread working set.
     ScratchTooSmall { needed: usize, got: usize },
-    /// An activation code that [`crate::math::Activation`] does not know.
+    /// An activation code that `math::Activation` does not know.
     BadActivation(u32),
     /// Any other inconsistent argument.
     Invalid(&'static str),
