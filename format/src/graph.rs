@@ -112,6 +112,10 @@ pub enum UnaryOp {
     GeluTanh,
     /// The logistic function 1 / (1 + e^-x).
     Sigmoid,
+    /// The error function.
+    Erf,
+    /// |x| (|-0| = +0).
+    Abs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

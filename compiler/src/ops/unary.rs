@@ -6,7 +6,7 @@ use kiln_runtime::graph::UnaryOp;
 use super::Prims;
 
 /// Every unary op, for tests and random graphs.
-pub const ALL: [UnaryOp; 11] = [
+pub const ALL: [UnaryOp; 13] = [
     UnaryOp::Gelu,
     UnaryOp::Tanh,
     UnaryOp::Relu,
@@ -18,6 +18,8 @@ pub const ALL: [UnaryOp; 11] = [
     UnaryOp::Recip,
     UnaryOp::GeluTanh,
     UnaryOp::Sigmoid,
+    UnaryOp::Erf,
+    UnaryOp::Abs,
 ];
 
 /// The inputs on which random tests exercise an op with finite, well-conditioned results.
@@ -93,6 +95,12 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let one = p.c(1.0);
             let d = p.add(one, e);
             p.div(one, d)
+        }
+        UnaryOp::Erf => p.erf(x),
+        // max(x, -x): NaN stays NaN, |-0| = max(-0, +0) = +0.
+        UnaryOp::Abs => {
+            let nx = p.neg(x);
+            p.max(x, nx)
         }
         UnaryOp::Exp => p.exp(x),
         UnaryOp::Sqrt => p.sqrt(x),
