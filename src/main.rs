@@ -116,12 +116,32 @@ enum Cmd {
         #[arg(long)]
         trusted_key: Vec<PathBuf>,
     },
+    /// Run ONNX backend tests: each DIR is a test (model.onnx + test_data_set_*/input_*.pb,
+    /// output_*.pb) or a folder of them. One line per test, then the totals.
+    OnnxTest {
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: BackendKind,
+    },
+    /// List the ops an ONNX model uses and those kiln does not support.
+    OnnxOps {
+        file: PathBuf,
+    },
     /// Make an Ed25519 key pair for signing artifacts: PREFIX.key (secret, PKCS#8 PEM, mode 0600)
     /// and PREFIX.pub (public, SPKI PEM). Existing files are never overwritten.
     Keygen {
         /// Path prefix of the two files.
         prefix: PathBuf,
     },
+}
+
+fn onnx_kind(b: BackendKind) -> kiln::onnx::Kind {
+    match b {
+        BackendKind::Reference => kiln::onnx::Kind::Reference,
+        BackendKind::Cpu => kiln::onnx::Kind::Cpu,
+        BackendKind::Cuda => kiln::onnx::Kind::Cuda,
+    }
 }
 
 fn main() -> ExitCode {
@@ -211,6 +231,28 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Inspect { plan, trusted_key } => inspect(&plan, &trust_policy(&trusted_key)?),
         Cmd::Keygen { prefix } => keygen(&prefix),
+        Cmd::OnnxTest { dirs, backend } => {
+            let (_, fail, _) = kiln::onnx::onnx_test(&dirs, onnx_kind(backend))?;
+            if fail > 0 {
+                return Err(Error::bad_batch(format!("{fail} ONNX test(s) failed")));
+            }
+            Ok(())
+        }
+        Cmd::OnnxOps { file } => {
+            let m = kiln_compiler::frontends::onnx::OnnxModel::open(&file, &[])?;
+            let (ops, missing) = m.ops();
+            println!("{}: opset {}, {} nodes", file.display(), m.opset, ops.iter().map(|o| o.1).sum::<usize>());
+            for (op, n) in &ops {
+                let mark = if missing.contains(op) { "  (not supported)" } else { "" };
+                println!("{n:6}  {op}{mark}");
+            }
+            if missing.is_empty() {
+                println!("every op is supported");
+            } else {
+                println!("not supported: {}", missing.join(", "));
+            }
+            Ok(())
+        }
         Cmd::Bench { model, bucket, backend, threads, runs, profile } => bench(model, &bucket, backend, threads, runs, profile),
     }
 }

@@ -7,6 +7,7 @@ pub mod codegen;
 pub mod ir;
 pub mod kernel_ir;
 pub mod memory_plan;
+pub mod frontends;
 pub mod fuse;
 pub mod models;
 pub mod ops;

@@ -53,6 +53,10 @@ fn binary_ops_broadcast() {
             g.div(x[0], x[1]).unwrap(),
             g.max(x[0], x[2]).unwrap(),
             g.binary(kiln_runtime::BinaryOp::Min, x[2], x[1]).unwrap(),
+            g.binary(kiln_runtime::BinaryOp::Eq, x[0], x[2]).unwrap(),
+            g.binary(kiln_runtime::BinaryOp::Ne, x[0], x[2]).unwrap(),
+            g.binary(kiln_runtime::BinaryOp::Lt, x[0], x[2]).unwrap(),
+            g.binary(kiln_runtime::BinaryOp::Le, x[0], x[2]).unwrap(),
         ]
     });
     let a = f32t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
@@ -65,6 +69,11 @@ fn binary_ops_broadcast() {
     assert_close(&out[3], &[2, 3], &[0.1, 0.1, 0.075, 0.4, 0.25, 0.15]);
     assert_close(&out[4], &[2, 3], &[2., 2., 3., 5., 5., 6.]);
     assert_close(&out[5], &[2, 3], &[2., 2., 2., 5., 5., 5.]);
+    // a vs c = [[2],[5]]: a = [[1,2,3],[4,5,6]].
+    assert_close(&out[6], &[2, 3], &[0., 1., 0., 0., 1., 0.]);
+    assert_close(&out[7], &[2, 3], &[1., 0., 1., 1., 0., 1.]);
+    assert_close(&out[8], &[2, 3], &[1., 0., 0., 1., 0., 0.]);
+    assert_close(&out[9], &[2, 3], &[1., 1., 0., 1., 1., 0.]);
 }
 
 #[test]

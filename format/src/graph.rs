@@ -93,6 +93,11 @@ pub enum BinaryOp {
     Div,
     Max,
     Min,
+    /// Comparisons: 1 where true, 0 where false, in the operands' type (false on NaN, but `Ne`).
+    Eq,
+    Ne,
+    Lt,
+    Le,
 }
 
 /// What each op computes is defined once, in `kiln_compiler::ops`.

@@ -1,0 +1,744 @@
+//! One ONNX graph → one kiln graph with every dim concrete (a bucket, or the shapes of the
+//! inputs at hand): literals fold at import ([`super::lit`]), everything else becomes kiln ops.
+
+use std::collections::HashMap;
+
+use kiln_runtime::graph::{BinaryOp, Dim, Graph, InputSpec, Op, ReduceOp, UnaryOp, ValueId, WeightSpec};
+use kiln_runtime::{DType, HostTensor};
+
+use super::attrs::Attrs;
+use super::lit::fold;
+use super::proto::NodeProto;
+use super::shape;
+use super::tensor::{host_from_tensor, lit_from_tensor, Elem, Lit};
+use super::OnnxModel;
+use crate::ir::GraphExt as _;
+
+/// Why a node could not be imported.
+#[derive(Debug)]
+pub enum Fail {
+    /// kiln cannot run it (the op, an attribute value, a dtype).
+    Unsupported(String),
+    /// The model is malformed.
+    Invalid(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Self {
+        Fail::Invalid(s)
+    }
+}
+
+type R<T> = Result<T, Fail>;
+
+fn unsup<T>(m: impl Into<String>) -> R<T> {
+    Err(Fail::Unsupported(m.into()))
+}
+
+/// A value while importing: known (a literal) or computed by the graph.
+#[derive(Debug, Clone)]
+pub enum Val {
+    Lit(Lit),
+    Node(ValueId),
+}
+
+/// Float initializers larger than this become weights (the rest are constants).
+const WEIGHT_MIN_NUMEL: usize = 64;
+
+pub struct Importer<'m> {
+    m: &'m OnnxModel,
+    pub g: Graph,
+    vals: HashMap<String, Val>,
+    weights: HashMap<String, usize>,
+    /// Weight data made at import (dequantized initializers), by weight-table name.
+    pub derived: Vec<(String, HostTensor)>,
+    uniq: std::cell::Cell<usize>,
+}
+
+impl<'m> Importer<'m> {
+    pub fn new(m: &'m OnnxModel) -> Self {
+        Importer { m, g: Graph::default(), vals: HashMap::new(), weights: HashMap::new(), derived: Vec::new(), uniq: std::cell::Cell::new(0) }
+    }
+
+    fn fresh(&self, base: &str) -> String {
+        self.uniq.set(self.uniq.get() + 1);
+        format!("{base}#{}", self.uniq.get())
+    }
+
+    fn push(&mut self, name: &str, op: Op, inputs: Vec<ValueId>) -> R<ValueId> {
+        self.g.push(name.to_string(), op, inputs).map_err(|e| Fail::Unsupported(e.to_string()))
+    }
+
+    fn push_shaped(&mut self, name: &str, op: Op, inputs: Vec<ValueId>, shape: &[usize]) -> R<ValueId> {
+        let s = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        self.g.push_shaped(name.to_string(), op, inputs, Some(s)).map_err(|e| Fail::Unsupported(e.to_string()))
+    }
+
+    pub fn shape(&self, v: &Val) -> Vec<usize> {
+        match v {
+            Val::Lit(l) => l.shape.clone(),
+            Val::Node(id) => self.g.node(*id).shape.iter().map(|d| d.fixed().unwrap_or(0)).collect(),
+        }
+    }
+
+    fn dtype(&self, v: &Val) -> DType {
+        match v {
+            Val::Lit(l) => l.elem.dtype(),
+            Val::Node(id) => self.g.node(*id).dtype,
+        }
+    }
+
+    /// A graph input of concrete `shape`.
+    pub fn input(&mut self, name: &str, elem: Elem, shape: &[usize], role: kiln_runtime::InputRole) -> R<()> {
+        let index = self.g.inputs.len();
+        let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        self.g.inputs.push(InputSpec { name: name.to_string(), dtype: elem.dtype(), shape: dims, role });
+        let v = self.push(name, Op::Input { index }, vec![])?;
+        self.vals.insert(name.to_string(), Val::Node(v));
+        Ok(())
+    }
+
+    /// An initializer: a literal if small or integer, else a weight read at upload.
+    pub fn initializer(&mut self, name: &str, t: &super::proto::TensorProto) -> R<()> {
+        let elem = Elem::from_code(t.data_type.unwrap_or(0));
+        let numel: usize = t.dims.iter().map(|&d| d.max(0) as usize).product();
+        let big = numel > WEIGHT_MIN_NUMEL;
+        if elem.is_some_and(|e| e.is_float()) && big {
+            // Read lazily: only if a node uses it (as a weight, or folds it).
+            self.vals.insert(name.to_string(), Val::Lit(Lit { elem: elem.unwrap(), shape: vec![usize::MAX], data: super::tensor::LitData::F(vec![]), weight: true }));
+            return Ok(());
+        }
+        let mut l = lit_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?;
+        l.weight = big;
+        self.vals.insert(name.to_string(), Val::Lit(l));
+        Ok(())
+    }
+
+    /// The literal of `name`, reading a lazily kept float initializer now.
+    fn lit(&self, name: &str, l: &Lit) -> R<Lit> {
+        if l.shape.first() == Some(&usize::MAX) {
+            let t = self.m.initializer(name).ok_or_else(|| Fail::Invalid(format!("no initializer `{name}`")))?;
+            let mut l = lit_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?;
+            l.weight = true;
+            return Ok(l);
+        }
+        Ok(l.clone())
+    }
+
+    /// `v` as a graph value: a literal becomes a constant, or a weight when it is (derived
+    /// from) a large initializer.
+    fn node(&mut self, name: &str, v: &Val) -> R<ValueId> {
+        let l = match v {
+            Val::Node(id) => return Ok(*id),
+            Val::Lit(l) => l,
+        };
+        if l.weight {
+            if let Some(&index) = self.weights.get(name) {
+                return self.push(name, Op::Weight { index }, vec![]);
+            }
+            let data = if l.shape.first() == Some(&usize::MAX) {
+                let t = self.m.initializer(name).ok_or_else(|| Fail::Invalid(format!("no initializer `{name}`")))?;
+                host_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?
+            } else {
+                l.to_host()
+            };
+            let index = self.g.weights.len();
+            self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone() });
+            self.weights.insert(name.to_string(), index);
+            if self.m.initializer(name).is_none() || l.shape.first() != Some(&usize::MAX) {
+                self.derived.push((name.to_string(), data));
+            }
+            return self.push(name, Op::Weight { index }, vec![]);
+        }
+        let vals: Vec<f32> = l.floats().iter().map(|&x| x as f32).collect();
+        let c = self.fresh(name);
+        let k = self.push_shaped(&c, Op::Constant { values: vals }, vec![], &l.shape)?;
+        match l.elem.dtype() {
+            DType::F32 => Ok(k),
+            to => self.push(&format!("{c}.cast"), Op::Cast { to }, vec![k]),
+        }
+    }
+
+    fn scalar(&mut self, name: &str, v: f32, dtype: DType) -> R<ValueId> {
+        let c = self.fresh(name);
+        let k = self.push_shaped(&c, Op::Constant { values: vec![v] }, vec![], &[])?;
+        if dtype == DType::F32 {
+            Ok(k)
+        } else {
+            self.push(&format!("{c}.cast"), Op::Cast { to: dtype }, vec![k])
+        }
+    }
+
+    fn reshape(&mut self, name: &str, x: ValueId, to: &[usize]) -> R<ValueId> {
+        if self.shape(&Val::Node(x)) == to {
+            return Ok(x);
+        }
+        self.push_shaped(name, Op::Reshape, vec![x], to)
+    }
+
+    /// Imports one node.
+    pub fn node_proto(&mut self, n: &NodeProto) -> R<()> {
+        let op = n.op_type();
+        let name = if n.name().is_empty() { n.output.first().cloned().unwrap_or_default() } else { n.name().to_string() };
+        let mut ins: Vec<Option<Val>> = Vec::new();
+        for i in &n.input {
+            if i.is_empty() {
+                ins.push(None);
+                continue;
+            }
+            let v = self.vals.get(i).cloned().ok_or_else(|| Fail::Invalid(format!("input `{i}` is not defined before this node")))?;
+            ins.push(Some(match v {
+                Val::Lit(l) if l.shape.first() == Some(&usize::MAX) && folds_weights(op) => Val::Lit(self.lit(i, &l)?),
+                v => v,
+            }));
+        }
+        let at = Attrs::of(n);
+        let opset = self.m.opset;
+        // All-literal inputs fold (a lazily kept weight only through dequantization).
+        let all_lit = ins.iter().flatten().all(|v| matches!(v, Val::Lit(l) if l.shape.first() != Some(&usize::MAX)));
+        let any_weight = ins.iter().flatten().any(|v| matches!(v, Val::Lit(l) if l.weight));
+        if all_lit && (!any_weight || folds_weights(op)) {
+            let lits: Vec<Option<&Lit>> = ins.iter().map(|v| v.as_ref().map(|v| match v {
+                Val::Lit(l) => l,
+                Val::Node(_) => unreachable!("all inputs are literals"),
+            })).collect();
+            if let Some(outs) = fold(op, &lits, &at, opset, &self.m.dir).map_err(Fail::Invalid)? {
+                for (o, l) in n.output.iter().zip(outs) {
+                    self.vals.insert(o.clone(), Val::Lit(l));
+                }
+                return Ok(());
+            }
+        }
+        // Shape and Size come from the value's (concrete) type.
+        if op == "Shape" || op == "Size" {
+            let v = ins.first().cloned().flatten().ok_or_else(|| Fail::Invalid("no input".into()))?;
+            let s = match &v {
+                Val::Lit(l) if l.shape.first() == Some(&usize::MAX) => {
+                    self.m.initializer(&n.input[0]).map(|t| t.dims.iter().map(|&d| d as usize).collect()).unwrap_or_default()
+                }
+                v => self.shape(v),
+            };
+            let lit = if op == "Size" {
+                Lit::int(vec![], vec![s.iter().product::<usize>() as i64])
+            } else {
+                let r = s.len() as i64;
+                let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                let (a, b) = (clampi(at.int("start", 0)), clampi(at.int("end", r)));
+                let dims: Vec<i64> = s[a..b.max(a)].iter().map(|&d| d as i64).collect();
+                Lit::int(vec![dims.len()], dims)
+            };
+            self.vals.insert(n.output[0].clone(), Val::Lit(lit));
+            return Ok(());
+        }
+        let outs = self.dynamic(op, &name, n, &ins, &at)?;
+        if outs.len() < n.output.iter().filter(|o| !o.is_empty()).count() {
+            // Extra outputs kiln does not compute (Dropout's mask, ...) must be unused.
+            for o in &n.output[outs.len()..] {
+                if !o.is_empty() && self.m.is_used(o) {
+                    return unsup(format!("output `{o}` (only the first {} are computed)", outs.len()));
+                }
+            }
+        }
+        for (o, v) in n.output.iter().zip(outs) {
+            if !o.is_empty() {
+                self.vals.insert(o.clone(), Val::Node(v));
+            }
+        }
+        Ok(())
+    }
+
+    /// The graph value of ONNX value `name` (a graph output).
+    pub fn output_value(&mut self, name: &str) -> R<ValueId> {
+        let v = self.vals.get(name).cloned().ok_or_else(|| Fail::Invalid(format!("`{name}` is never computed")))?;
+        if self.shape(&v).contains(&0) {
+            return unsup(format!("output `{name}` is empty (kiln has no empty tensors)"));
+        }
+        self.node(name, &v)
+    }
+
+    #[allow(dead_code)]
+    fn binary(&mut self, name: &str, op: BinaryOp, a: &Val, b: &Val, an: &str, bn: &str) -> R<ValueId> {
+        let (x, y) = (self.node(an, a)?, self.node(bn, b)?);
+        self.push(name, Op::Binary(op), vec![x, y])
+    }
+
+    /// A node with at least one graph-computed input, as kiln ops. Returns its outputs.
+    fn dynamic(&mut self, op: &str, name: &str, n: &NodeProto, ins: &[Option<Val>], at: &Attrs) -> R<Vec<ValueId>> {
+        let inp = |k: usize| ins.get(k).cloned().flatten().ok_or_else(|| Fail::Invalid(format!("input {k} is missing")));
+        let iname = |k: usize| n.input.get(k).cloned().unwrap_or_default();
+        let lit_of = |k: usize, what: &str| -> R<Lit> {
+            match ins.get(k).cloned().flatten() {
+                Some(Val::Lit(l)) => Ok(l),
+                Some(Val::Node(_)) => unsup(format!("{what} computed at run time")),
+                None => Err(Fail::Invalid(format!("{what} is missing"))),
+            }
+        };
+        let opset = self.m.opset;
+        let one = |v: ValueId| Ok(vec![v]);
+        match op {
+            "Identity" | "Dropout" => {
+                if op == "Dropout" && ins.get(2).cloned().flatten().is_some() {
+                    let training = lit_of(2, "Dropout's training_mode")?;
+                    if training.ints().first().is_some_and(|&t| t != 0) {
+                        return unsup("Dropout in training mode (kiln runs inference)");
+                    }
+                }
+                let x = self.node(&iname(0), &inp(0)?)?;
+                one(x)
+            }
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Sum" => {
+                let b = match op {
+                    "Add" | "Sum" => BinaryOp::Add,
+                    "Sub" => BinaryOp::Sub,
+                    "Mul" => BinaryOp::Mul,
+                    "Div" => BinaryOp::Div,
+                    "Max" => BinaryOp::Max,
+                    _ => BinaryOp::Min,
+                };
+                let vals: Vec<(Val, String)> = ins.iter().enumerate().filter_map(|(k, v)| v.clone().map(|v| (v, iname(k)))).collect();
+                if vals.is_empty() {
+                    return Err(Fail::Invalid("no inputs".into()));
+                }
+                let mut acc = self.node(&vals[0].1, &vals[0].0)?;
+                for (k, (v, vn)) in vals.iter().enumerate().skip(1) {
+                    let y = self.node(vn, v)?;
+                    let nm = if k + 1 == vals.len() { name.to_string() } else { self.fresh(name) };
+                    acc = self.push(&nm, Op::Binary(b), vec![acc, y])?;
+                }
+                one(acc)
+            }
+            "Pow" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let e = lit_of(1, "a Pow exponent")?;
+                if e.numel() != 1 {
+                    return unsup("Pow with a non-scalar exponent");
+                }
+                let p = e.floats()[0];
+                let dt = self.dtype(&Val::Node(x));
+                match p {
+                    1.0 => one(x),
+                    2.0 => one(self.push(name, Op::Binary(BinaryOp::Mul), vec![x, x])?),
+                    3.0 => {
+                        let t = self.fresh(name);
+                        let sq = self.push(&t, Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                        one(self.push(name, Op::Binary(BinaryOp::Mul), vec![sq, x])?)
+                    }
+                    0.5 => one(self.push(name, Op::Unary(UnaryOp::Sqrt), vec![x])?),
+                    -0.5 => one(self.push(name, Op::Unary(UnaryOp::Rsqrt), vec![x])?),
+                    -1.0 => one(self.push(name, Op::Unary(UnaryOp::Recip), vec![x])?),
+                    0.0 => {
+                        // x^0 = 1, NaN included.
+                        let shape = self.shape(&Val::Node(x));
+                        let n1 = shape.iter().product();
+                        let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, shape, vec![1.0; n1])))?;
+                        one(if dt == DType::F32 { ones } else { self.push(name, Op::Cast { to: dt }, vec![ones])? })
+                    }
+                    _ => unsup(format!("Pow with exponent {p} (kiln has no log: only 0, ±0.5, ±1, 2, 3)")),
+                }
+            }
+            "Sqrt" | "Reciprocal" | "Neg" | "Abs" | "Exp" | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Gelu" => {
+                let u = match op {
+                    "Sqrt" => UnaryOp::Sqrt,
+                    "Reciprocal" => UnaryOp::Recip,
+                    "Neg" => UnaryOp::Neg,
+                    "Abs" => UnaryOp::Abs,
+                    "Exp" => UnaryOp::Exp,
+                    "Erf" => UnaryOp::Erf,
+                    "Tanh" => UnaryOp::Tanh,
+                    "Sigmoid" => UnaryOp::Sigmoid,
+                    "Relu" => UnaryOp::Relu,
+                    _ => match at.string("approximate").as_deref() {
+                        None | Some("none") => UnaryOp::Gelu,
+                        Some("tanh") => UnaryOp::GeluTanh,
+                        Some(a) => return unsup(format!("Gelu approximate=`{a}`")),
+                    },
+                };
+                let x = self.node(&iname(0), &inp(0)?)?;
+                if !self.dtype(&Val::Node(x)).is_float() {
+                    return match u {
+                        UnaryOp::Neg => {
+                            let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
+                            one(self.push(name, Op::Binary(BinaryOp::Sub), vec![z, x])?)
+                        }
+                        _ => unsup(format!("{op} of integers")),
+                    };
+                }
+                one(self.push(name, Op::Unary(u), vec![x])?)
+            }
+            "Clip" => {
+                let mut x = self.node(&iname(0), &inp(0)?)?;
+                let dt = self.dtype(&Val::Node(x));
+                let (lo, hi) = if opset >= 11 {
+                    (ins.get(1).cloned().flatten(), ins.get(2).cloned().flatten())
+                } else {
+                    let lo = at.has("min").then(|| Val::Lit(Lit::of(Elem::F32, vec![], vec![at.float("min", 0.0) as f64])));
+                    let hi = at.has("max").then(|| Val::Lit(Lit::of(Elem::F32, vec![], vec![at.float("max", 0.0) as f64])));
+                    (lo, hi)
+                };
+                for (b, v) in [(BinaryOp::Max, lo), (BinaryOp::Min, hi)] {
+                    if let Some(v) = v {
+                        let c = self.node(&self.fresh(name), &v)?;
+                        let c = if self.dtype(&Val::Node(c)) != dt { self.push(&self.fresh(name), Op::Cast { to: dt }, vec![c])? } else { c };
+                        x = self.push(&self.fresh(name), Op::Binary(b), vec![x, c])?;
+                    }
+                }
+                one(x)
+            }
+            "MatMul" => {
+                let (a, b) = (self.node(&iname(0), &inp(0)?)?, self.node(&iname(1), &inp(1)?)?);
+                let (sa, sb) = (self.shape(&Val::Node(a)), self.shape(&Val::Node(b)));
+                let a2 = if sa.len() == 1 { self.reshape(&self.fresh(name), a, &[1, sa[0]])? } else { a };
+                let b2 = if sb.len() == 1 { self.reshape(&self.fresh(name), b, &[sb[0], 1])? } else { b };
+                let mut y = self.push(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![a2, b2])?;
+                if sa.len() == 1 || sb.len() == 1 {
+                    let mut s = self.shape(&Val::Node(y));
+                    if sb.len() == 1 {
+                        s.pop();
+                    }
+                    if sa.len() == 1 {
+                        s.remove(s.len() - 1 - usize::from(sb.len() != 1));
+                    }
+                    y = self.reshape(&self.fresh(name), y, &s)?;
+                }
+                one(y)
+            }
+            "Gemm" => {
+                let (a, b) = (self.node(&iname(0), &inp(0)?)?, self.node(&iname(1), &inp(1)?)?);
+                let (ta, tb) = (at.int("transA", 0) != 0, at.int("transB", 0) != 0);
+                let (alpha, beta) = (at.float("alpha", 1.0), at.float("beta", 1.0));
+                let mm = if alpha == 1.0 && ins.get(2).cloned().flatten().is_none() { name.to_string() } else { self.fresh(name) };
+                let mut y = self.push(&mm, Op::MatMul { transpose_a: ta, transpose_b: tb }, vec![a, b])?;
+                if alpha != 1.0 {
+                    let k = self.scalar(name, alpha, self.dtype(&Val::Node(y)))?;
+                    y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![y, k])?;
+                }
+                if let Some(c) = ins.get(2).cloned().flatten() {
+                    let mut c = self.node(&iname(2), &c)?;
+                    if beta != 1.0 {
+                        let k = self.scalar(name, beta, self.dtype(&Val::Node(c)))?;
+                        c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![c, k])?;
+                    }
+                    y = self.push(name, Op::Binary(BinaryOp::Add), vec![y, c])?;
+                }
+                one(y)
+            }
+            "Softmax" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), r)?;
+                if opset >= 13 || ax == r - 1 {
+                    return one(self.push(name, Op::Softmax { axis: ax }, vec![x])?);
+                }
+                // Before opset 13: softmax of the input flattened to [prod(..axis), prod(axis..)].
+                let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+                let f = self.reshape(&self.fresh(name), x, &flat)?;
+                let y = self.push(&self.fresh(name), Op::Softmax { axis: 1 }, vec![f])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            "LayerNormalization" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                if ax != s.len() - 1 {
+                    return unsup(format!("LayerNormalization over axes {ax}.. of rank {} (only the last axis)", s.len()));
+                }
+                let last = s[ax];
+                let dt = self.dtype(&Val::Node(x));
+                let mut gb = Vec::new();
+                for (k, fill) in [(1usize, 1.0f64), (2, 0.0)] {
+                    let v = match ins.get(k).cloned().flatten() {
+                        Some(v) => v,
+                        None => Val::Lit(Lit::of(Elem::F32, vec![last], vec![fill; last])),
+                    };
+                    let mut id = self.node(&iname(k), &v)?;
+                    let sh = self.shape(&Val::Node(id));
+                    if sh != [last] {
+                        if sh.iter().product::<usize>() != last {
+                            return unsup(format!("LayerNormalization scale/bias of shape {sh:?}"));
+                        }
+                        id = self.reshape(&self.fresh(name), id, &[last])?;
+                    }
+                    if self.dtype(&Val::Node(id)) != dt {
+                        id = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![id])?;
+                    }
+                    gb.push(id);
+                }
+                if n.output.iter().skip(1).any(|o| !o.is_empty() && self.m.is_used(o)) {
+                    return unsup("LayerNormalization's mean / inverse std-dev outputs");
+                }
+                one(self.push(name, Op::LayerNorm { eps: at.float("epsilon", 1e-5) }, vec![x, gb[0], gb[1]])?)
+            }
+            "ReduceSum" | "ReduceMean" | "ReduceMax" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let r = self.shape(&Val::Node(x)).len();
+                let as_input = if op == "ReduceSum" { opset >= 13 } else { opset >= 18 };
+                let axes = if as_input {
+                    match ins.get(1).cloned().flatten() {
+                        Some(_) => Some(lit_of(1, "reduction axes")?.ints()),
+                        None => None,
+                    }
+                } else {
+                    at.ints("axes")
+                };
+                let mut axes: Vec<usize> = match axes {
+                    Some(v) if !v.is_empty() => v.iter().map(|&a| shape::axis(a, r)).collect::<Result<_, _>>()?,
+                    _ if at.int("noop_with_empty_axes", 0) != 0 => return one(x),
+                    _ => (0..r).collect(),
+                };
+                axes.sort();
+                axes.dedup();
+                let rop = match op {
+                    "ReduceSum" => ReduceOp::Sum,
+                    "ReduceMean" => ReduceOp::Mean,
+                    _ => ReduceOp::Max,
+                };
+                one(self.push(name, Op::Reduce { op: rop, axes, keep_dims: at.int("keepdims", 1) != 0 }, vec![x])?)
+            }
+            "Cast" => {
+                let code = at.int("to", 1) as i32;
+                let to = Elem::from_code(code).ok_or_else(|| Fail::Unsupported(format!("Cast to {}", Elem::name_of(code))))?;
+                let x = self.node(&iname(0), &inp(0)?)?;
+                if to == Elem::Bool {
+                    return unsup("Cast to bool of a run-time value (kiln has no comparisons)");
+                }
+                if self.dtype(&Val::Node(x)) == to.dtype() {
+                    return one(x);
+                }
+                one(self.push(name, Op::Cast { to: to.dtype() }, vec![x])?)
+            }
+            "Where" => {
+                let (c, a, b) = (self.node(&iname(0), &inp(0)?)?, self.node(&iname(1), &inp(1)?)?, self.node(&iname(2), &inp(2)?)?);
+                one(self.push(name, Op::Where, vec![c, a, b])?)
+            }
+            "Unsqueeze" | "Squeeze" | "Flatten" | "Reshape" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let axes = if opset >= 13 {
+                    match ins.get(1).cloned().flatten() {
+                        Some(_) => Some(lit_of(1, "axes")?.ints()),
+                        None => None,
+                    }
+                } else {
+                    at.ints("axes")
+                };
+                let to = match op {
+                    "Unsqueeze" => shape::unsqueeze(&s, &axes.ok_or_else(|| Fail::Invalid("Unsqueeze needs axes".into()))?)?,
+                    "Squeeze" => shape::squeeze(&s, axes.as_deref())?,
+                    "Flatten" => {
+                        let k = shape::flatten_axis(at.int("axis", 1), s.len())?;
+                        vec![s[..k].iter().product(), s[k..].iter().product()]
+                    }
+                    _ => {
+                        let t = if opset >= 5 { lit_of(1, "a Reshape target")?.ints() } else { at.ints("shape").unwrap_or_default() };
+                        shape::reshape(&s, &t, at.int("allowzero", 0) != 0)?
+                    }
+                };
+                one(self.push_shaped(name, Op::Reshape, vec![x], &to)?)
+            }
+            "Transpose" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let r = self.shape(&Val::Node(x)).len();
+                let perm: Vec<usize> = match at.ints("perm") {
+                    Some(p) => p.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
+                    None => (0..r).rev().collect(),
+                };
+                one(self.push(name, Op::Transpose { perm }, vec![x])?)
+            }
+            "Concat" => {
+                let mut xs = Vec::new();
+                for (k, v) in ins.iter().enumerate() {
+                    if let Some(v) = v {
+                        if self.shape(v).contains(&0) {
+                            continue;
+                        }
+                        xs.push(self.node(&iname(k), v)?);
+                    }
+                }
+                let r = self.shape(&Val::Node(xs[0])).len();
+                let ax = shape::axis(at.int("axis", 0), r)?;
+                let dt = self.dtype(&Val::Node(xs[0]));
+                for x in xs.iter_mut() {
+                    if self.dtype(&Val::Node(*x)) != dt {
+                        *x = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![*x])?;
+                    }
+                }
+                if xs.len() == 1 {
+                    return one(xs[0]);
+                }
+                one(self.push(name, Op::Concat { axis: ax }, xs)?)
+            }
+            "Slice" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let (starts, ends, axes, steps) = if opset >= 10 {
+                    let opt = |k: usize, w: &str| -> R<Option<Vec<i64>>> {
+                        match ins.get(k).cloned().flatten() {
+                            Some(_) => Ok(Some(lit_of(k, w)?.ints())),
+                            None => Ok(None),
+                        }
+                    };
+                    (lit_of(1, "slice starts")?.ints(), lit_of(2, "slice ends")?.ints(), opt(3, "slice axes")?, opt(4, "slice steps")?)
+                } else {
+                    (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
+                };
+                let axes: Vec<usize> = match axes {
+                    Some(v) => v.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
+                    None => (0..starts.len()).collect(),
+                };
+                let mut y = x;
+                for (k, &ax) in axes.iter().enumerate() {
+                    let step = steps.as_ref().map_or(1, |v| v[k]);
+                    let (b, _, _, len) = shape::slice_range(s[ax], starts[k], ends[k], step)?;
+                    if step != 1 {
+                        return unsup(format!("Slice with step {step}"));
+                    }
+                    if len == 0 {
+                        return unsup("an empty Slice (kiln has no empty tensors)");
+                    }
+                    if b == 0 && len == s[ax] {
+                        continue;
+                    }
+                    let nm = self.fresh(name);
+                    y = self.push(&nm, Op::Slice { axis: ax, start: b as usize, end: Dim::Fixed(b as usize + len) }, vec![y])?;
+                }
+                one(y)
+            }
+            "Split" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", 0), s.len())?;
+                let nout = n.output.len();
+                let sizes: Vec<usize> = match (opset >= 13, ins.get(1).cloned().flatten(), at.ints("split")) {
+                    (true, Some(_), _) => lit_of(1, "split sizes")?.ints().iter().map(|&v| v as usize).collect(),
+                    (false, _, Some(v)) => v.iter().map(|&v| v as usize).collect(),
+                    _ => {
+                        let k = at.int("num_outputs", nout as i64) as usize;
+                        let each = s[ax].div_ceil(k);
+                        (0..k).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
+                    }
+                };
+                let mut outs = Vec::new();
+                let mut start = 0;
+                for (i, &len) in sizes.iter().enumerate() {
+                    if len == 0 {
+                        return unsup("an empty Split output");
+                    }
+                    let nm = n.output.get(i).cloned().unwrap_or_else(|| self.fresh(name));
+                    outs.push(self.push(&nm, Op::Slice { axis: ax, start, end: Dim::Fixed(start + len) }, vec![x])?);
+                    start += len;
+                }
+                Ok(outs)
+            }
+            "Gather" => {
+                let data = inp(0)?;
+                let ids = inp(1)?;
+                let ds = self.shape(&data);
+                let ax = shape::axis(at.int("axis", 0), ds.len())?;
+                match &ids {
+                    Val::Node(_) => {
+                        if ax != 0 || ds.len() != 2 {
+                            return unsup(format!("Gather of run-time indices along axis {ax} of a rank-{} tensor (only rows of a matrix)", ds.len()));
+                        }
+                        let t = self.node(&iname(0), &data)?;
+                        let i = self.node(&iname(1), &ids)?;
+                        one(self.push(name, Op::Gather, vec![t, i])?)
+                    }
+                    Val::Lit(l) => {
+                        // Known indices: slices (and a concat) of the data.
+                        let x = self.node(&iname(0), &data)?;
+                        let d = ds[ax] as i64;
+                        let idx: Vec<usize> = l
+                            .ints()
+                            .iter()
+                            .map(|&i| {
+                                let j = if i < 0 { i + d } else { i };
+                                if (0..d).contains(&j) { Ok(j as usize) } else { Err(Fail::Invalid(format!("Gather index {i} out of range for dim {d}"))) }
+                            })
+                            .collect::<R<_>>()?;
+                        if idx.len() > 64 {
+                            return unsup(format!("Gather of {} known indices from a run-time value", idx.len()));
+                        }
+                        let mut parts = Vec::new();
+                        for &i in &idx {
+                            let nm = self.fresh(name);
+                            parts.push(self.push(&nm, Op::Slice { axis: ax, start: i, end: Dim::Fixed(i + 1) }, vec![x])?);
+                        }
+                        let cat = if parts.len() == 1 { parts[0] } else { self.push(&self.fresh(name), Op::Concat { axis: ax }, parts)? };
+                        let mut out = ds[..ax].to_vec();
+                        out.extend(&l.shape);
+                        out.extend(&ds[ax + 1..]);
+                        one(self.reshape(name, cat, &out)?)
+                    }
+                }
+            }
+            "Expand" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let to: Vec<usize> = lit_of(1, "an Expand shape")?.ints().iter().map(|&d| d.max(0) as usize).collect();
+                let s = self.shape(&Val::Node(x));
+                let out = shape::broadcast(&s, &to)?;
+                if out == s {
+                    return one(x);
+                }
+                let dt = self.dtype(&Val::Node(x));
+                let n1 = out.iter().product();
+                let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, out.clone(), vec![1.0; n1])))?;
+                let ones = if dt != DType::F32 { self.push(&self.fresh(name), Op::Cast { to: dt }, vec![ones])? } else { ones };
+                one(self.push(name, Op::Binary(BinaryOp::Mul), vec![x, ones])?)
+            }
+            "Tile" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let reps = lit_of(1, "Tile repeats")?.ints();
+                let mut y = x;
+                for (ax, &k) in reps.iter().enumerate() {
+                    if k > 1 {
+                        if k > 64 {
+                            return unsup(format!("Tile by {k}"));
+                        }
+                        y = self.push(&self.fresh(name), Op::Concat { axis: ax }, vec![y; k as usize])?;
+                    }
+                }
+                one(y)
+            }
+            "DequantizeLinear" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let scale = lit_of(1, "a DequantizeLinear scale")?;
+                if scale.numel() != 1 {
+                    return unsup("per-axis DequantizeLinear of a run-time value");
+                }
+                let xf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![x])?;
+                let xf = match ins.get(2).cloned().flatten() {
+                    Some(z) => {
+                        let z = self.node(&iname(2), &z)?;
+                        let zf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![z])?;
+                        self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![xf, zf])?
+                    }
+                    None => xf,
+                };
+                let k = self.scalar(name, scale.floats()[0] as f32, DType::F32)?;
+                one(self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, k])?)
+            }
+            "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" | "And" | "Or" | "Not" | "Xor" | "IsNaN" => {
+                unsup(format!("{op} of a run-time value (kiln has no comparison or logic ops; shape comparisons fold)"))
+            }
+            "Shape" | "Size" | "Constant" | "ConstantOfShape" | "Range" => unsup(format!("{op} of a run-time value")),
+            _ => unsup(format!("op `{op}` is not supported")),
+        }
+    }
+}
+
+/// Ops that fold a large initializer at import (dequantization patterns) rather than reading it
+/// as a weight.
+fn folds_weights(op: &str) -> bool {
+    matches!(op, "DequantizeLinear" | "Cast" | "Mul" | "Sub" | "Identity" | "Shape" | "Size")
+}
+
+/// Every op the importer knows (folded or as kiln ops), for `kiln onnx-ops`.
+pub const SUPPORTED: &[&str] = &[
+    "Abs", "Add", "And", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout",
+    "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
+    "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Pow",
+    "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Size",
+    "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
+];

@@ -1,0 +1,487 @@
+//! Import-time evaluation of nodes whose inputs are all literals: shape subgraphs
+//! (Shape → Gather → Unsqueeze → Concat → Reshape, ConstantOfShape, Range, Equal/Where over
+//! shapes) and weight dequantization fold to literals once a bucket fixes every dim. Float
+//! arithmetic goes through `ops::eval` (the ops' one definition); integer arithmetic, indexing
+//! and comparisons, which kiln's graph does not have, are here.
+
+use kiln_runtime::graph::{BinaryOp, UnaryOp};
+
+use super::attrs::Attrs;
+use super::shape;
+use super::tensor::{checked_numel, lit_from_tensor, Elem, Lit, LitData};
+use crate::ops::eval;
+
+type R<T> = Result<T, String>;
+
+/// `out[i] = x[map(index of i)]` over `out_shape`.
+fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<Lit> {
+    let n = checked_numel(&out_shape)?;
+    let mut idx = vec![0usize; out_shape.len()];
+    let mut src = Vec::with_capacity(n);
+    for _ in 0..n {
+        src.push(map(&idx));
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    let data = match &x.data {
+        LitData::F(v) => LitData::F(src.iter().map(|&i| v[i]).collect()),
+        LitData::I(v) => LitData::I(src.iter().map(|&i| v[i]).collect()),
+    };
+    Ok(Lit { elem: x.elem, shape: out_shape, data, weight: x.weight })
+}
+
+/// Index of `x` (shape `s`) read at broadcast output coordinates `o`.
+fn bidx(s: &[usize], st: &[usize], o: &[usize]) -> usize {
+    let off = o.len() - s.len();
+    s.iter().enumerate().map(|(d, &n)| if n == 1 { 0 } else { o[off + d] * st[d] }).sum()
+}
+
+/// Elementwise over broadcast inputs.
+fn zip_map(xs: &[&Lit], elem: Elem, f: impl Fn(&[f64], &[i64]) -> f64) -> R<Lit> {
+    let mut out = xs[0].shape.clone();
+    for x in &xs[1..] {
+        out = shape::broadcast(&out, &x.shape)?;
+    }
+    let sts: Vec<Vec<usize>> = xs.iter().map(|x| shape::strides(&x.shape)).collect();
+    let fl: Vec<Vec<f64>> = xs.iter().map(|x| x.floats()).collect();
+    let il: Vec<Vec<i64>> = xs.iter().map(|x| x.ints()).collect();
+    let n = checked_numel(&out)?;
+    let mut idx = vec![0usize; out.len()];
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let fs: Vec<f64> = (0..xs.len()).map(|k| fl[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
+        let is: Vec<i64> = (0..xs.len()).map(|k| il[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
+        v.push(f(&fs, &is));
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    let mut l = Lit::of(elem, out, v);
+    l.weight = xs.iter().any(|x| x.weight);
+    Ok(l)
+}
+
+fn int_binary(op: &str, a: i64, b: i64) -> R<i64> {
+    Ok(match op {
+        "Add" => a.wrapping_add(b),
+        "Sub" => a.wrapping_sub(b),
+        "Mul" => a.wrapping_mul(b),
+        "Div" if b == 0 => return Err("integer division by zero".into()),
+        "Div" => a.wrapping_div(b),
+        "Max" => a.max(b),
+        "Min" => a.min(b),
+        "Mod" if b == 0 => return Err("integer modulo by zero".into()),
+        // The sign of the divisor, as Python's `%` (ONNX Mod with fmod = 0).
+        "Mod" => {
+            let m = a.wrapping_rem(b);
+            if m != 0 && ((m < 0) != (b < 0)) { m + b } else { m }
+        }
+        _ => return Err(format!("{op} on integers")),
+    })
+}
+
+fn float_binary(op: &str, a: f64, b: f64) -> f64 {
+    let k = match op {
+        "Add" => BinaryOp::Add,
+        "Sub" => BinaryOp::Sub,
+        "Mul" => BinaryOp::Mul,
+        "Div" => BinaryOp::Div,
+        "Max" => BinaryOp::Max,
+        "Min" => BinaryOp::Min,
+        "Pow" => return a.powf(b),
+        _ => unreachable!("only the arithmetic ops above reach float_binary"),
+    };
+    eval::binary::<f64>(k, false, a, b)
+}
+
+/// Folds node `op` over literal inputs (`None`: an absent optional input). `Ok(None)`: this op
+/// is not evaluated at import (the importer emits a graph node instead).
+pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::path::Path) -> R<Option<Vec<Lit>>> {
+    let x = |k: usize| ins.get(k).copied().flatten().ok_or_else(|| format!("input {k} is missing"));
+    let one = |l: Lit| Ok(Some(vec![l]));
+    match op {
+        "Identity" => one(x(0)?.clone()),
+        "Dropout" if ins.get(2).copied().flatten().is_some_and(|t| t.ints().first().is_some_and(|&v| v != 0)) => {
+            Err("Dropout in training mode (kiln runs inference)".into())
+        }
+        "Dropout" => one(x(0)?.clone()),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" => {
+            let (a, b) = (x(0)?, x(1)?);
+            if a.elem.is_float() {
+                one(zip_map(&[a, b], a.elem, |f, _| float_binary(op, f[0], f[1]))?)
+            } else {
+                if matches!(op, "Div" | "Mod") && b.ints().contains(&0) {
+                    return Err(format!("integer {op} by zero"));
+                }
+                if op == "Pow" {
+                    return one(zip_ints(&[a, b], |i| (i[0] as f64).powf(i[1] as f64) as i64)?);
+                }
+                one(zip_ints(&[a, b], |i| int_binary(op, i[0], i[1]).unwrap_or(0))?)
+            }
+        }
+        "Max" | "Min" | "Sum" => {
+            let xs: Vec<&Lit> = ins.iter().flatten().copied().collect();
+            let mut acc = xs[0].clone();
+            for b in &xs[1..] {
+                let o = if op == "Sum" { "Add" } else { op };
+                acc = if acc.elem.is_float() {
+                    zip_map(&[&acc, b], acc.elem, |f, _| float_binary(o, f[0], f[1]))?
+                } else {
+                    zip_ints(&[&acc, b], |i| int_binary(o, i[0], i[1]).unwrap_or(0))?
+                };
+            }
+            one(acc)
+        }
+        "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" => {
+            let a = x(0)?;
+            if !a.elem.is_float() {
+                return match op {
+                    "Neg" => one(zip_ints(&[a], |i| i[0].wrapping_neg())?),
+                    "Abs" => one(zip_ints(&[a], |i| i[0].wrapping_abs())?),
+                    "Relu" => one(zip_ints(&[a], |i| i[0].max(0))?),
+                    _ => Err(format!("{op} of integers")),
+                };
+            }
+            let u = match op {
+                "Sqrt" => Some(UnaryOp::Sqrt),
+                "Neg" => Some(UnaryOp::Neg),
+                "Abs" => Some(UnaryOp::Abs),
+                "Exp" => Some(UnaryOp::Exp),
+                "Erf" => Some(UnaryOp::Erf),
+                "Reciprocal" => Some(UnaryOp::Recip),
+                "Tanh" => Some(UnaryOp::Tanh),
+                "Sigmoid" => Some(UnaryOp::Sigmoid),
+                "Relu" => Some(UnaryOp::Relu),
+                _ => None,
+            };
+            one(zip_map(&[a], a.elem, |f, _| match u {
+                Some(u) => eval::unary::<f64>(u, f[0]),
+                None if op == "Floor" => f[0].floor(),
+                None => f[0].ceil(),
+            })?)
+        }
+        "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" => {
+            let (a, b) = (x(0)?, x(1)?);
+            let cmp = |o: std::cmp::Ordering| match op {
+                "Equal" => o.is_eq(),
+                "Greater" => o.is_gt(),
+                "GreaterOrEqual" => o.is_ge(),
+                "Less" => o.is_lt(),
+                _ => o.is_le(),
+            };
+            if a.elem.is_float() {
+                one(zip_map(&[a, b], Elem::Bool, |f, _| f[0].partial_cmp(&f[1]).is_some_and(cmp) as i64 as f64)?)
+            } else {
+                one(zip_ints(&[a, b], |i| cmp(i[0].cmp(&i[1])) as i64)?.with_elem(Elem::Bool))
+            }
+        }
+        "And" | "Or" | "Xor" => {
+            let f = |i: &[i64]| match op {
+                "And" => (i[0] != 0 && i[1] != 0) as i64,
+                "Or" => (i[0] != 0 || i[1] != 0) as i64,
+                _ => ((i[0] != 0) ^ (i[1] != 0)) as i64,
+            };
+            one(zip_ints(&[x(0)?, x(1)?], f)?.with_elem(Elem::Bool))
+        }
+        "Not" => one(zip_ints(&[x(0)?], |i| (i[0] == 0) as i64)?.with_elem(Elem::Bool)),
+        "IsNaN" => one(zip_map(&[x(0)?], Elem::Bool, |f, _| f[0].is_nan() as i64 as f64)?),
+        "Where" => {
+            let (c, a, b) = (x(0)?, x(1)?, x(2)?);
+            if a.elem.is_float() {
+                one(zip_map(&[c, a, b], a.elem, |f, i| if i[0] != 0 { f[1] } else { f[2] })?)
+            } else {
+                one(zip_ints(&[c, a, b], |i| if i[0] != 0 { i[1] } else { i[2] })?.with_elem(a.elem))
+            }
+        }
+        "Cast" => {
+            let to = Elem::from_code(at.int("to", 1) as i32).ok_or_else(|| format!("Cast to {}", Elem::name_of(at.int("to", 1) as i32)))?;
+            let a = x(0)?;
+            let v = a.floats();
+            let mut l = match to {
+                Elem::Bool => Lit::of(Elem::Bool, a.shape.clone(), v.iter().map(|&f| (f != 0.0) as i64 as f64).collect()),
+                Elem::F16 => Lit::of(to, a.shape.clone(), v.iter().map(|&f| half::f16::from_f64(f).to_f64()).collect()),
+                Elem::BF16 => Lit::of(to, a.shape.clone(), v.iter().map(|&f| half::bf16::from_f64(f).to_f64()).collect()),
+                Elem::F32 => Lit::of(to, a.shape.clone(), v.iter().map(|&f| f as f32 as f64).collect()),
+                t if t.is_float() => Lit::of(to, a.shape.clone(), v),
+                _ if !a.elem.is_float() => Lit { elem: to, shape: a.shape.clone(), data: LitData::I(a.ints()), weight: false },
+                _ => Lit::of(to, a.shape.clone(), v.iter().map(|f| f.trunc()).collect()),
+            };
+            l.weight = a.weight;
+            one(l)
+        }
+        "Shape" | "Size" => Ok(None), // from the value's type, done by the importer
+        "Constant" => {
+            if let Some(t) = at.tensor("value") {
+                return one(lit_from_tensor(t, dir)?);
+            }
+            if at.has("value_float") {
+                return one(Lit::of(Elem::F32, vec![], vec![at.float("value_float", 0.0) as f64]));
+            }
+            if let Some(v) = at.floats("value_floats") {
+                return one(Lit::of(Elem::F32, vec![v.len()], v.iter().map(|&x| x as f64).collect()));
+            }
+            if at.has("value_int") {
+                return one(Lit::int(vec![], vec![at.int("value_int", 0)]));
+            }
+            if let Some(v) = at.ints("value_ints") {
+                return one(Lit::int(vec![v.len()], v));
+            }
+            Err(format!("Constant with attributes {:?} is not supported", at.names()))
+        }
+        "ConstantOfShape" => {
+            let s: Vec<usize> = x(0)?.ints().iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d}"))).collect::<R<_>>()?;
+            let n = checked_numel(&s)?;
+            let v = match at.tensor("value") {
+                Some(t) => lit_from_tensor(t, dir)?,
+                None => Lit::of(Elem::F32, vec![1], vec![0.0]),
+            };
+            let fill = v.floats().first().copied().unwrap_or(0.0);
+            one(Lit::of(v.elem, s, vec![fill; n]))
+        }
+        "Range" => {
+            let (s, l, d) = (x(0)?, x(1)?, x(2)?);
+            if s.elem.is_float() {
+                let (a, b, st) = (s.floats()[0], l.floats()[0], d.floats()[0]);
+                let n = ((b - a) / st).ceil().max(0.0) as usize;
+                checked_numel(&[n])?;
+                one(Lit::of(s.elem, vec![n], (0..n).map(|i| a + i as f64 * st).collect()))
+            } else {
+                let (a, b, st) = (s.ints()[0], l.ints()[0], d.ints()[0]);
+                if st == 0 {
+                    return Err("Range with delta 0".into());
+                }
+                let n = ((b - a) as f64 / st as f64).ceil().max(0.0) as usize;
+                checked_numel(&[n])?;
+                one(Lit { elem: s.elem, shape: vec![n], data: LitData::I((0..n as i64).map(|i| a + i * st).collect()), weight: false })
+            }
+        }
+        "Unsqueeze" | "Squeeze" | "Flatten" | "Reshape" => {
+            let a = x(0)?;
+            let axes = if opset >= 13 { ins.get(1).copied().flatten().map(|l| l.ints()) } else { at.ints("axes") };
+            let s = match op {
+                "Unsqueeze" => shape::unsqueeze(&a.shape, &axes.ok_or("Unsqueeze needs axes")?)?,
+                "Squeeze" => shape::squeeze(&a.shape, axes.as_deref())?,
+                "Flatten" => {
+                    let k = shape::flatten_axis(at.int("axis", 1), a.shape.len())?;
+                    vec![a.shape[..k].iter().product(), a.shape[k..].iter().product()]
+                }
+                _ => shape::reshape(&a.shape, &x(1)?.ints(), at.int("allowzero", 0) != 0)?,
+            };
+            let mut l = a.clone();
+            l.shape = s;
+            one(l)
+        }
+        "Transpose" => {
+            let a = x(0)?;
+            let r = a.shape.len();
+            let perm: Vec<usize> = match at.ints("perm") {
+                Some(p) => p.iter().map(|&d| shape::axis(d, r)).collect::<R<_>>()?,
+                None => (0..r).rev().collect(),
+            };
+            let st = shape::strides(&a.shape);
+            let out: Vec<usize> = perm.iter().map(|&p| a.shape[p]).collect();
+            one(select(a, out, |o| o.iter().zip(&perm).map(|(&i, &p)| i * st[p]).sum())?)
+        }
+        "Concat" => {
+            let xs: Vec<&Lit> = ins.iter().flatten().copied().collect();
+            let r = xs[0].shape.len();
+            let ax = shape::axis(at.int("axis", 0), r)?;
+            let mut out = xs[0].shape.clone();
+            out[ax] = xs.iter().map(|l| l.shape[ax]).sum();
+            let mut parts = Vec::new();
+            for l in &xs {
+                parts.push((l, shape::strides(&l.shape)));
+            }
+            let merged = Lit {
+                elem: xs[0].elem,
+                shape: vec![xs.iter().map(|l| l.numel()).sum()],
+                data: if xs[0].elem.is_float() {
+                    LitData::F(xs.iter().flat_map(|l| l.floats()).collect())
+                } else {
+                    LitData::I(xs.iter().flat_map(|l| l.ints()).collect())
+                },
+                weight: xs.iter().any(|l| l.weight),
+            };
+            let bases: Vec<usize> = xs.iter().scan(0, |acc, l| {
+                let b = *acc;
+                *acc += l.numel();
+                Some(b)
+            }).collect();
+            one(select(&merged, out, |o| {
+                let mut a = o[ax];
+                let mut k = 0;
+                while a >= xs[k].shape[ax] {
+                    a -= xs[k].shape[ax];
+                    k += 1;
+                }
+                let st = &parts[k].1;
+                bases[k] + o.iter().enumerate().map(|(d, &i)| if d == ax { a * st[d] } else { i * st[d] }).sum::<usize>()
+            })?)
+        }
+        "Gather" => {
+            let (a, ids) = (x(0)?, x(1)?);
+            let ax = shape::axis(at.int("axis", 0), a.shape.len())?;
+            let n = a.shape[ax] as i64;
+            let ids: Vec<usize> = ids
+                .ints()
+                .iter()
+                .map(|&i| {
+                    let j = if i < 0 { i + n } else { i };
+                    if (0..n).contains(&j) { Ok(j as usize) } else { Err(format!("Gather index {i} out of range for dim {n}")) }
+                })
+                .collect::<R<_>>()?;
+            let ishape = x(1)?.shape.clone();
+            let ist = shape::strides(&ishape);
+            let st = shape::strides(&a.shape);
+            let mut out: Vec<usize> = a.shape[..ax].to_vec();
+            out.extend(&ishape);
+            out.extend(&a.shape[ax + 1..]);
+            let q = ishape.len();
+            one(select(a, out, |o| {
+                let pre: usize = (0..ax).map(|d| o[d] * st[d]).sum();
+                let id = ids[(0..q).map(|d| o[ax + d] * ist[d]).sum::<usize>()];
+                let post: usize = (ax + 1..a.shape.len()).map(|d| o[d + q - 1] * st[d]).sum();
+                pre + id * st[ax] + post
+            })?)
+        }
+        "Slice" => {
+            let a = x(0)?;
+            let r = a.shape.len();
+            let (starts, ends, axes, steps) = if opset >= 10 {
+                (x(1)?.ints(), x(2)?.ints(), ins.get(3).copied().flatten().map(|l| l.ints()), ins.get(4).copied().flatten().map(|l| l.ints()))
+            } else {
+                (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
+            };
+            let axes: Vec<usize> = match axes {
+                Some(v) => v.iter().map(|&d| shape::axis(d, r)).collect::<R<_>>()?,
+                None => (0..starts.len()).collect(),
+            };
+            let mut begin = vec![0i64; r];
+            let mut step = vec![1i64; r];
+            let mut out = a.shape.clone();
+            for (k, &ax) in axes.iter().enumerate() {
+                let (s, _, st, len) = shape::slice_range(a.shape[ax], starts[k], ends[k], steps.as_ref().map_or(1, |v| v[k]))?;
+                begin[ax] = s;
+                step[ax] = st;
+                out[ax] = len;
+            }
+            let sst = shape::strides(&a.shape);
+            one(select(a, out, |o| o.iter().enumerate().map(|(d, &i)| (begin[d] + i as i64 * step[d]) as usize * sst[d]).sum())?)
+        }
+        "Expand" => {
+            let a = x(0)?;
+            let to: Vec<usize> = x(1)?.ints().iter().map(|&d| d.max(0) as usize).collect();
+            let out = shape::broadcast(&a.shape, &to)?;
+            let st = shape::strides(&a.shape);
+            one(select(a, out, |o| bidx(&a.shape, &st, o))?)
+        }
+        "Tile" => {
+            let a = x(0)?;
+            let reps = x(1)?.ints();
+            let out: Vec<usize> = a.shape.iter().zip(&reps).map(|(&d, &k)| d * k.max(0) as usize).collect();
+            let st = shape::strides(&a.shape);
+            one(select(a, out, |o| o.iter().enumerate().map(|(d, &i)| (i % a.shape[d]) * st[d]).sum())?)
+        }
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
+            let a = x(0)?;
+            let axes_as_input = match op {
+                "ReduceSum" => opset >= 13,
+                _ => opset >= 18,
+            };
+            let axes = if axes_as_input { ins.get(1).copied().flatten().map(|l| l.ints()) } else { at.ints("axes") };
+            let r = a.shape.len();
+            let axes: Vec<usize> = match axes {
+                Some(v) if !v.is_empty() => v.iter().map(|&d| shape::axis(d, r)).collect::<R<_>>()?,
+                _ if at.int("noop_with_empty_axes", 0) != 0 => return one(a.clone()),
+                _ => (0..r).collect(),
+            };
+            let keep = at.int("keepdims", 1) != 0;
+            let kept: Vec<usize> = a.shape.iter().enumerate().map(|(d, &n)| if axes.contains(&d) { 1 } else { n }).collect();
+            let n = checked_numel(&kept)?;
+            let st = shape::strides(&a.shape);
+            let v = a.floats();
+            let mut acc: Vec<Vec<f64>> = vec![Vec::new(); n];
+            let kst = shape::strides(&kept);
+            for (i, &x) in v.iter().enumerate() {
+                let k: usize = (0..r).map(|d| if axes.contains(&d) { 0 } else { (i / st[d]) % a.shape[d] * kst[d] }).sum();
+                acc[k].push(x);
+            }
+            let red: Vec<f64> = acc
+                .iter()
+                .map(|xs| match op {
+                    "ReduceSum" => xs.iter().sum(),
+                    "ReduceMean" => xs.iter().sum::<f64>() / xs.len() as f64,
+                    "ReduceMax" => xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    "ReduceMin" => xs.iter().copied().fold(f64::INFINITY, f64::min),
+                    _ => xs.iter().product(),
+                })
+                .collect();
+            let out = if keep { kept } else { a.shape.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &n)| n).collect() };
+            one(Lit::of(a.elem, out, red))
+        }
+        "DequantizeLinear" => {
+            let (q, scale) = (x(0)?, x(1)?);
+            let zp = ins.get(2).copied().flatten();
+            let r = q.shape.len();
+            let per_axis = scale.numel() > 1;
+            let ax = if per_axis { shape::axis(at.int("axis", 1), r)? } else { 0 };
+            let st = shape::strides(&q.shape);
+            let (qs, ss) = (q.ints(), scale.floats());
+            let zs = zp.map(|z| z.ints()).unwrap_or_default();
+            let v: Vec<f64> = qs
+                .iter()
+                .enumerate()
+                .map(|(i, &qv)| {
+                    let c = if per_axis { (i / st[ax]) % q.shape[ax] } else { 0 };
+                    let z = zs.get(c).copied().unwrap_or(0);
+                    ((qv - z) as f64 * ss[c]) as f32 as f64
+                })
+                .collect();
+            let mut l = Lit::of(scale.elem, q.shape.clone(), v);
+            l.weight = q.weight;
+            one(l)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Elementwise over broadcast integer inputs, exactly (no f64 detour).
+fn zip_ints(xs: &[&Lit], f: impl Fn(&[i64]) -> i64) -> R<Lit> {
+    let mut out = xs[0].shape.clone();
+    for x in &xs[1..] {
+        out = shape::broadcast(&out, &x.shape)?;
+    }
+    let sts: Vec<Vec<usize>> = xs.iter().map(|x| shape::strides(&x.shape)).collect();
+    let il: Vec<Vec<i64>> = xs.iter().map(|x| x.ints()).collect();
+    let n = checked_numel(&out)?;
+    let mut idx = vec![0usize; out.len()];
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let is: Vec<i64> = (0..xs.len()).map(|k| il[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
+        v.push(f(&is));
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(Lit { elem: xs[0].elem, shape: out, data: LitData::I(v), weight: xs.iter().any(|x| x.weight) })
+}
+
+impl Lit {
+    fn with_elem(mut self, e: Elem) -> Lit {
+        self.elem = e;
+        self
+    }
+}

@@ -1,0 +1,186 @@
+//! The CLI's ONNX commands: running an imported model on concrete inputs (`kiln run`), the ONNX
+//! backend-test runner (`kiln onnx-test`: `model.onnx` + `test_data_set_*/{input,output}_*.pb`,
+//! the layout of onnx's own test data and of onnxruntime's onnx_test_runner), and the op survey
+//! (`kiln onnx-ops`).
+
+use std::path::{Path, PathBuf};
+
+use kiln_compiler::frontends::onnx::proto::TensorProto;
+use kiln_compiler::frontends::onnx::tensor::lit_from_tensor;
+use kiln_compiler::frontends::onnx::OnnxModel;
+use kiln_runtime::{Backend, Batch, Bucket, Error, HostTensor, Outputs, Result};
+use prost::Message;
+
+/// The backend a command runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Reference,
+    Cpu,
+    Cuda,
+}
+
+/// Runs `model` on `inputs` (one per model input, in order; converted to the input's dtype) and
+/// returns every graph output, in order.
+pub fn run_model(model: &OnnxModel, inputs: &[HostTensor], kind: Kind) -> Result<Vec<HostTensor>> {
+    if inputs.len() != model.inputs.len() {
+        return Err(Error::bad_batch(format!(
+            "{} takes {} inputs ({}), {} given",
+            model.path.display(),
+            model.inputs.len(),
+            model.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
+            inputs.len()
+        )));
+    }
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let graph = model.import(&shapes)?;
+    let weights = model.weights(&graph)?;
+    let inputs: Vec<HostTensor> = inputs
+        .iter()
+        .zip(&graph.inputs)
+        .map(|(t, spec)| HostTensor { shape: t.shape.clone(), data: t.data.convert(spec.dtype) })
+        .collect();
+    // Every dim is concrete: the bucket only names the plan.
+    let bucket = Bucket::new(1, 1);
+    match kind {
+        Kind::Reference => kiln_compiler::reference::interpret(&graph, &weights, &inputs, bucket),
+        Kind::Cpu => run_on(&kiln_compiler::backends::cpu::CpuBackend::new()?, &graph, &weights, inputs, bucket),
+        Kind::Cuda => run_on(&kiln_compiler::backends::cuda::CudaBackend::new()?, &graph, &weights, inputs, bucket),
+    }
+}
+
+fn run_on<B: Backend>(be: &B, graph: &kiln_runtime::Graph, weights: &[HostTensor], inputs: Vec<HostTensor>, bucket: Bucket) -> Result<Vec<HostTensor>> {
+    let w = be.upload(weights, graph)?;
+    let mut plan = be.lower(&w, graph, bucket)?;
+    let mut out = Outputs::for_bucket(graph, bucket);
+    be.run(&mut plan, &Batch { tensors: inputs }, &mut out)?;
+    Ok(out.tensors)
+}
+
+/// Reads one `TensorProto` file (`input_0.pb`, ...).
+pub fn read_pb(path: &Path) -> Result<HostTensor> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let t = TensorProto::decode(bytes.as_slice())
+        .map_err(|e| Error::Model { path: path.to_path_buf(), message: format!("not a TensorProto: {e}") })?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let lit = lit_from_tensor(&t, dir).map_err(|m| Error::Model { path: path.to_path_buf(), message: m })?;
+    Ok(lit.to_host())
+}
+
+/// The outcome of one backend test.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Pass,
+    Fail(String),
+    Unsupported(String),
+}
+
+/// Max abs error of `got` against `want`, or why they cannot be compared. Floats pass within
+/// `atol + rtol·|want|` (onnx's backend tests use rtol 1e-3); integers exactly.
+fn compare(got: &HostTensor, want: &HostTensor) -> std::result::Result<f64, String> {
+    if got.shape != want.shape {
+        return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
+    }
+    let (g, w) = (got.data.to_f64_vec(), want.data.to_f64_vec());
+    let (rtol, atol) = (1e-3, 1e-5);
+    let mut worst = 0f64;
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        let same_special = (a.is_nan() && b.is_nan()) || (a.is_infinite() && a == b);
+        let err = (a - b).abs();
+        let within = err <= atol + rtol * b.abs();
+        if !same_special && !within {
+            return Err(format!("element {i}: {a} vs {b} (abs err {err:.3e})"));
+        }
+        if !same_special {
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+/// Runs one test directory.
+pub fn run_test_dir(dir: &Path, kind: Kind) -> Outcome {
+    let model = match OnnxModel::open(&dir.join("model.onnx"), &[]) {
+        Ok(m) => m,
+        Err(Error::Unsupported(m)) => return Outcome::Unsupported(m),
+        Err(e) => return Outcome::Fail(e.to_string()),
+    };
+    let mut sets: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.flatten().map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))).collect(),
+        Err(e) => return Outcome::Fail(format!("{}: {e}", dir.display())),
+    };
+    sets.sort();
+    if sets.is_empty() {
+        return Outcome::Fail("no test_data_set_* folder".into());
+    }
+    let mut worst = 0f64;
+    for set in sets {
+        let files = |prefix: &str| -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = (0..).map(|i| set.join(format!("{prefix}_{i}.pb"))).take_while(|p| p.exists()).collect();
+            v.shrink_to_fit();
+            v
+        };
+        let read = |ps: Vec<PathBuf>| ps.iter().map(|p| read_pb(p)).collect::<Result<Vec<_>>>();
+        let (inputs, want) = match (read(files("input")), read(files("output"))) {
+            (Ok(i), Ok(o)) => (i, o),
+            (Err(Error::Model { message, .. }), _) | (_, Err(Error::Model { message, .. })) if message.contains("not supported") => {
+                return Outcome::Unsupported(message)
+            }
+            (Err(e), _) | (_, Err(e)) => return Outcome::Fail(e.to_string()),
+        };
+        let got = match run_model(&model, &inputs, kind) {
+            Ok(g) => g,
+            Err(Error::Unsupported(m)) => return Outcome::Unsupported(m),
+            Err(e) => return Outcome::Fail(e.to_string()),
+        };
+        if got.len() != want.len() {
+            return Outcome::Fail(format!("{} outputs, expected {}", got.len(), want.len()));
+        }
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            match compare(g, w) {
+                Ok(e) => worst = worst.max(e),
+                Err(m) => return Outcome::Fail(format!("{}: output {k}: {m}", set.file_name().unwrap_or_default().to_string_lossy())),
+            }
+        }
+    }
+    let _ = worst;
+    Outcome::Pass
+}
+
+/// `kiln onnx-test DIR...`: one line per test, then the totals. Each DIR is a test folder or a
+/// folder of them.
+pub fn onnx_test(dirs: &[PathBuf], kind: Kind) -> Result<(usize, usize, usize)> {
+    let mut tests = Vec::new();
+    for d in dirs {
+        if d.join("model.onnx").is_file() {
+            tests.push(d.clone());
+        } else {
+            let rd = std::fs::read_dir(d).map_err(|e| Error::io(d, &e))?;
+            let mut sub: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.join("model.onnx").is_file()).collect();
+            sub.sort();
+            tests.extend(sub);
+        }
+    }
+    let (mut pass, mut fail, mut unsup) = (0, 0, 0);
+    for t in &tests {
+        let name = t.file_name().unwrap_or_default().to_string_lossy().to_string();
+        // A panic would be a kiln bug: count it as a failure and go on.
+        let outcome = std::panic::catch_unwind(|| run_test_dir(t, kind))
+            .unwrap_or_else(|_| Outcome::Fail("kiln panicked (a bug)".into()));
+        match outcome {
+            Outcome::Pass => {
+                pass += 1;
+                println!("pass        {name}");
+            }
+            Outcome::Fail(m) => {
+                fail += 1;
+                println!("FAIL        {name}: {}", m.replace('\n', " "));
+            }
+            Outcome::Unsupported(m) => {
+                unsup += 1;
+                println!("unsupported {name}: {}", m.replace('\n', " "));
+            }
+        }
+    }
+    println!("{pass} passed, {fail} failed, {unsup} unsupported");
+    Ok((pass, fail, unsup))
+}
