@@ -61,8 +61,12 @@ enum Cmd {
     },
     /// Run the compiler for one or more buckets: report fusion and memory, dump IR.
     Compile {
-        #[arg(long)]
+        #[arg(long, conflicts_with = "onnx")]
         model: Option<PathBuf>,
+        /// Compile an ONNX model instead of a model folder (each bucket is imported with its
+        /// batch and seq; plans load with the same file as the weight source).
+        #[arg(long)]
+        onnx: Option<PathBuf>,
         /// Buckets, e.g. `1x128,8x128` (batch x seq).
         #[arg(long, value_delimiter = ',', required = true)]
         bucket: Vec<String>,
@@ -178,15 +182,26 @@ fn run(cli: Cli) -> Result<()> {
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
-        Cmd::Compile { model, bucket, report, dump_after, output, target, sign, max_arena_bytes } => {
+        Cmd::Compile { model, onnx, bucket, report, dump_after, output, target, sign, max_arena_bytes } => {
             // The key first: a bad key fails before minutes of compiling.
             let sign = sign.map(|k| kiln_runtime::trust::read_signing_key(&k)).transpose()?;
             let arena_limit = match max_arena_bytes {
                 Some(n) => (n, "--max-arena-bytes"),
                 None => (machine_memory_bytes().unwrap_or(u64::MAX), "this machine's memory; --max-arena-bytes changes the limit"),
             };
-            let dir = resolve_model(model)?;
-            let m = SentenceModel::open(&dir, BertOutputs::default())?;
+            // The graph of each bucket: the model folder's one graph, or each bucket's import of
+            // an ONNX model; the artifact records the interface (signature) of the latter.
+            let (onnx_model, bert) = match &onnx {
+                Some(f) => (Some(kiln_compiler::frontends::onnx::OnnxModel::open(f, &[])?), None),
+                None => (None, Some(SentenceModel::open(&resolve_model(model)?, BertOutputs::default())?)),
+            };
+            let graph_for = |b: Bucket| -> Result<kiln_runtime::Graph> {
+                match (&onnx_model, &bert) {
+                    (Some(o), _) => o.graph_for(b),
+                    (_, Some(m)) => Ok(m.graph.clone()),
+                    _ => unreachable!("one of the two is set"),
+                }
+            };
             let buckets = bucket.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
             let mut plans = Vec::new();
             let artifact_target = output.as_ref().map(|_| kiln_compiler::target::parse_target(&target)).transpose()?;
@@ -194,12 +209,13 @@ fn run(cli: Cli) -> Result<()> {
             let policy = artifact_target.as_ref().map(|t| t.layout_policy()).unwrap_or_default();
             for (i, &b) in buckets.iter().enumerate() {
                 eprintln!("[{}/{}] compiling bucket {b}", i + 1, buckets.len());
+                let graph = graph_for(b)?;
                 if let Some(stage) = &dump_after {
-                    print!("{}", pipeline::dump_after(&m.graph, b, stage)?);
+                    print!("{}", pipeline::dump_after(&graph, b, stage)?);
                 }
                 // The middle end runs once per bucket; the report and the code come from it.
                 let t = std::time::Instant::now();
-                let lowered = pipeline::run_pipeline_for(&m.graph, b, policy)?;
+                let lowered = pipeline::run_pipeline_for(&graph, b, policy)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 let arena = lowered.plan.arena_bytes as u64;
                 if arena > arena_limit.0 {
@@ -209,17 +225,22 @@ fn run(cli: Cli) -> Result<()> {
                     )));
                 }
                 if report {
-                    println!("{}", pipeline::report_of(&m.graph, &lowered).to_string().trim_end());
+                    println!("{}", pipeline::report_of(&graph, &lowered).to_string().trim_end());
                     println!("middle-end time: {ms:.1} ms");
                 }
                 if let Some(t) = &artifact_target {
                     let start = std::time::Instant::now();
-                    plans.push((b, t.compile(&m.graph, &lowered)?));
+                    plans.push((b, t.compile(&graph, &lowered)?));
                     eprintln!("      code generated in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
                 }
             }
             if let (Some(out), Some(t)) = (output, artifact_target) {
-                let a = kiln_runtime::artifact::Artifact::new(&m.graph, t.artifact_target(), plans);
+                let header_graph = match (&onnx_model, &bert) {
+                    (Some(o), _) => o.signature()?.graph(),
+                    (_, Some(m)) => m.graph.clone(),
+                    _ => unreachable!("one of the two is set"),
+                };
+                let a = kiln_runtime::artifact::Artifact::new(&header_graph, t.artifact_target(), plans);
                 let bytes = match &sign {
                     Some(k) => a.to_signed_bytes(k),
                     None => a.to_bytes(),

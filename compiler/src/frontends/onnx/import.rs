@@ -105,7 +105,8 @@ impl<'m> Importer<'m> {
         let big = numel > WEIGHT_MIN_NUMEL;
         if elem.is_some_and(|e| e.is_float()) && big {
             // Read lazily: only if a node uses it (as a weight, or folds it).
-            self.vals.insert(name.to_string(), Val::Lit(Lit { elem: elem.unwrap(), shape: vec![usize::MAX], data: super::tensor::LitData::F(vec![]), weight: true }));
+            let shape = t.dims.iter().map(|&d| d.max(0) as usize).collect();
+            self.vals.insert(name.to_string(), Val::Lit(Lit { elem: elem.unwrap(), shape, data: super::tensor::LitData::F(vec![]), weight: true }));
             return Ok(());
         }
         let mut l = lit_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?;
@@ -116,7 +117,7 @@ impl<'m> Importer<'m> {
 
     /// The literal of `name`, reading a lazily kept float initializer now.
     fn lit(&self, name: &str, l: &Lit) -> R<Lit> {
-        if l.shape.first() == Some(&usize::MAX) {
+        if is_lazy(l) {
             let t = self.m.initializer(name).ok_or_else(|| Fail::Invalid(format!("no initializer `{name}`")))?;
             let mut l = lit_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?;
             l.weight = true;
@@ -136,7 +137,7 @@ impl<'m> Importer<'m> {
             if let Some(&index) = self.weights.get(name) {
                 return self.push(name, Op::Weight { index }, vec![]);
             }
-            let data = if l.shape.first() == Some(&usize::MAX) {
+            let data = if is_lazy(l) {
                 let t = self.m.initializer(name).ok_or_else(|| Fail::Invalid(format!("no initializer `{name}`")))?;
                 host_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?
             } else {
@@ -145,7 +146,7 @@ impl<'m> Importer<'m> {
             let index = self.g.weights.len();
             self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone() });
             self.weights.insert(name.to_string(), index);
-            if self.m.initializer(name).is_none() || l.shape.first() != Some(&usize::MAX) {
+            if self.m.initializer(name).is_none() || !is_lazy(l) {
                 self.derived.push((name.to_string(), data));
             }
             return self.push(name, Op::Weight { index }, vec![]);
@@ -188,14 +189,14 @@ impl<'m> Importer<'m> {
             }
             let v = self.vals.get(i).cloned().ok_or_else(|| Fail::Invalid(format!("input `{i}` is not defined before this node")))?;
             ins.push(Some(match v {
-                Val::Lit(l) if l.shape.first() == Some(&usize::MAX) && folds_weights(op) => Val::Lit(self.lit(i, &l)?),
+                Val::Lit(l) if is_lazy(&l) && folds_weights(op) => Val::Lit(self.lit(i, &l)?),
                 v => v,
             }));
         }
         let at = Attrs::of(n);
         let opset = self.m.opset;
         // All-literal inputs fold (a lazily kept weight only through dequantization).
-        let all_lit = ins.iter().flatten().all(|v| matches!(v, Val::Lit(l) if l.shape.first() != Some(&usize::MAX)));
+        let all_lit = ins.iter().flatten().all(|v| matches!(v, Val::Lit(l) if !is_lazy(l)));
         let any_weight = ins.iter().flatten().any(|v| matches!(v, Val::Lit(l) if l.weight));
         if all_lit && (!any_weight || folds_weights(op)) {
             let lits: Vec<Option<&Lit>> = ins.iter().map(|v| v.as_ref().map(|v| match v {
@@ -213,9 +214,6 @@ impl<'m> Importer<'m> {
         if op == "Shape" || op == "Size" {
             let v = ins.first().cloned().flatten().ok_or_else(|| Fail::Invalid("no input".into()))?;
             let s = match &v {
-                Val::Lit(l) if l.shape.first() == Some(&usize::MAX) => {
-                    self.m.initializer(&n.input[0]).map(|t| t.dims.iter().map(|&d| d as usize).collect()).unwrap_or_default()
-                }
                 v => self.shape(v),
             };
             let lit = if op == "Size" {
@@ -245,6 +243,31 @@ impl<'m> Importer<'m> {
             }
         }
         Ok(())
+    }
+
+    /// A comparison's 1/0 (in its operands' type) as ONNX's bool: kiln holds bools as i64.
+    fn to_bool(&mut self, name: &str, r: ValueId) -> R<ValueId> {
+        if self.dtype(&Val::Node(r)) == DType::I64 {
+            return Ok(r);
+        }
+        self.push(name, Op::Cast { to: DType::I64 }, vec![r])
+    }
+
+    /// Rows of `data` (shape `ds`) picked by known flat row indices over its first `k` dims:
+    /// the data seen as a `[rows, row_len]` table and one kiln `Gather` with constant ids, shaped
+    /// `lead`, then reshaped to `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows(&mut self, name: &str, data: ValueId, ds: &[usize], k: usize, rows: Vec<i64>, lead: &[usize], out: &[usize]) -> R<ValueId> {
+        let nrows: usize = ds[..k].iter().product();
+        let row_len: usize = ds[k..].iter().product();
+        if nrows >= 1 << 24 {
+            return unsup(format!("a gather from {nrows} rows"));
+        }
+        let table = self.reshape(&self.fresh(name), data, &[nrows, row_len])?;
+        let lead = if lead.is_empty() { vec![1] } else { lead.to_vec() };
+        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::int(lead.clone(), rows)))?;
+        let g = self.push(&self.fresh(name), Op::Gather, vec![table, ids])?;
+        self.reshape(name, g, out)
     }
 
     /// The graph value of ONNX value `name` (a graph output).
@@ -495,12 +518,14 @@ impl<'m> Importer<'m> {
                 };
                 one(self.push(name, Op::Reduce { op: rop, axes, keep_dims: at.int("keepdims", 1) != 0 }, vec![x])?)
             }
-            "Cast" => {
-                let code = at.int("to", 1) as i32;
+            "CastLike" | "Cast" => {
+                let code = if op == "CastLike" { like_code(&inp(1)?, self) } else { at.int("to", 1) as i32 };
                 let to = Elem::from_code(code).ok_or_else(|| Fail::Unsupported(format!("Cast to {}", Elem::name_of(code))))?;
                 let x = self.node(&iname(0), &inp(0)?)?;
                 if to == Elem::Bool {
-                    return unsup("Cast to bool of a run-time value (kiln has no comparisons)");
+                    let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
+                    let r = self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, z])?;
+                    return one(self.to_bool(name, r)?);
                 }
                 if self.dtype(&Val::Node(x)) == to.dtype() {
                     return one(x);
@@ -719,13 +744,113 @@ impl<'m> Importer<'m> {
                 let k = self.scalar(name, scale.floats()[0] as f32, DType::F32)?;
                 one(self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, k])?)
             }
-            "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" | "And" | "Or" | "Not" | "Xor" | "IsNaN" => {
-                unsup(format!("{op} of a run-time value (kiln has no comparison or logic ops; shape comparisons fold)"))
+            "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" | "And" | "Or" | "Xor" => {
+                let (mut a, mut b) = (self.node(&iname(0), &inp(0)?)?, self.node(&iname(1), &inp(1)?)?);
+                let (da, db) = (self.dtype(&Val::Node(a)), self.dtype(&Val::Node(b)));
+                if da != db {
+                    // Literals come in as f32 constants: meet the run-time operand's type.
+                    if matches!(inp(0)?, Val::Lit(_)) {
+                        a = self.push(&self.fresh(name), Op::Cast { to: db }, vec![a])?;
+                    } else {
+                        b = self.push(&self.fresh(name), Op::Cast { to: da }, vec![b])?;
+                    }
+                }
+                let (k, x, y) = match op {
+                    "Equal" => (BinaryOp::Eq, a, b),
+                    "Less" => (BinaryOp::Lt, a, b),
+                    "LessOrEqual" => (BinaryOp::Le, a, b),
+                    "Greater" => (BinaryOp::Lt, b, a),
+                    "GreaterOrEqual" => (BinaryOp::Le, b, a),
+                    // bools are 0/1: and = a·b, or = max, xor = a ≠ b.
+                    "And" => (BinaryOp::Mul, a, b),
+                    "Or" => (BinaryOp::Max, a, b),
+                    _ => (BinaryOp::Ne, a, b),
+                };
+                let r = self.push(&self.fresh(name), Op::Binary(k), vec![x, y])?;
+                one(self.to_bool(name, r)?)
+            }
+            "Not" | "IsNaN" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let r = if op == "Not" {
+                    let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
+                    self.push(&self.fresh(name), Op::Binary(BinaryOp::Eq), vec![x, z])?
+                } else {
+                    self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, x])?
+                };
+                one(self.to_bool(name, r)?)
+            }
+            "GatherND" => {
+                let data = self.node(&iname(0), &inp(0)?)?;
+                let idx = lit_of(1, "GatherND indices")?;
+                if at.int("batch_dims", 0) != 0 {
+                    return unsup("GatherND with batch_dims");
+                }
+                let ds = self.shape(&Val::Node(data));
+                let k = *idx.shape.last().ok_or_else(|| Fail::Invalid("GatherND indices of rank 0".into()))?;
+                if k > ds.len() {
+                    return Err(Fail::Invalid(format!("GatherND indices of depth {k} into rank {}", ds.len())));
+                }
+                let st = shape::strides(&ds[..k]);
+                let (iv, lead) = (idx.ints(), idx.shape[..idx.shape.len() - 1].to_vec());
+                let mut rows = Vec::with_capacity(iv.len() / k.max(1));
+                for c in iv.chunks(k.max(1)) {
+                    let mut r = 0i64;
+                    for (d, &i) in c.iter().enumerate() {
+                        let n = ds[d] as i64;
+                        let j = if i < 0 { i + n } else { i };
+                        if !(0..n).contains(&j) {
+                            return Err(Fail::Invalid(format!("GatherND index {i} out of range for dim {n}")));
+                        }
+                        r += j * st[d] as i64;
+                    }
+                    rows.push(r);
+                }
+                let mut out = lead.clone();
+                out.extend(&ds[k..]);
+                one(self.gather_rows(name, data, &ds, k, rows, &lead, &out)?)
             }
             "Shape" | "Size" | "Constant" | "ConstantOfShape" | "Range" => unsup(format!("{op} of a run-time value")),
             _ => unsup(format!("op `{op}` is not supported")),
         }
     }
+}
+
+/// The ONNX type code of `v`'s type (CastLike's target).
+fn like_code(v: &Val, im: &Importer) -> i32 {
+    match v {
+        Val::Lit(l) => elem_code(l.elem),
+        Val::Node(id) => match im.g.node(*id).dtype {
+            DType::F32 => 1,
+            DType::F16 => 10,
+            DType::BF16 => 16,
+            DType::I32 => 6,
+            DType::I64 => 7,
+        },
+    }
+}
+
+pub fn elem_code(e: Elem) -> i32 {
+    match e {
+        Elem::F32 => 1,
+        Elem::U8 => 2,
+        Elem::I8 => 3,
+        Elem::U16 => 4,
+        Elem::I16 => 5,
+        Elem::I32 => 6,
+        Elem::I64 => 7,
+        Elem::Bool => 9,
+        Elem::F16 => 10,
+        Elem::F64 => 11,
+        Elem::U32 => 12,
+        Elem::U64 => 13,
+        Elem::BF16 => 16,
+    }
+}
+
+/// A large float initializer not read yet (its shape is known, its data is read when a node
+/// needs it).
+fn is_lazy(l: &Lit) -> bool {
+    l.weight && matches!(&l.data, super::tensor::LitData::F(v) if v.is_empty()) && l.numel() > 0
 }
 
 /// Ops that fold a large initializer at import (dequantization patterns) rather than reading it
@@ -736,9 +861,9 @@ fn folds_weights(op: &str) -> bool {
 
 /// Every op the importer knows (folded or as kiln ops), for `kiln onnx-ops`.
 pub const SUPPORTED: &[&str] = &[
-    "Abs", "Add", "And", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout",
+    "Abs", "Add", "And", "Cast", "CastLike", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout",
     "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
-    "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Pow",
+    "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Pow",
     "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Size",
-    "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
+    "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where", "Xor",
 ];

@@ -202,8 +202,9 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 one(zip_ints(&[c, a, b], |i| if i[0] != 0 { i[1] } else { i[2] })?.with_elem(a.elem))
             }
         }
-        "Cast" => {
-            let to = Elem::from_code(at.int("to", 1) as i32).ok_or_else(|| format!("Cast to {}", Elem::name_of(at.int("to", 1) as i32)))?;
+        "Cast" | "CastLike" => {
+            let code = if op == "CastLike" { super::import::elem_code(x(1)?.elem) } else { at.int("to", 1) as i32 };
+            let to = Elem::from_code(code).ok_or_else(|| format!("Cast to {}", Elem::name_of(code)))?;
             let a = x(0)?;
             let v = a.floats();
             let mut l = match to {
