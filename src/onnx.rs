@@ -195,3 +195,95 @@ pub fn onnx_test(dirs: &[PathBuf], kind: Kind) -> Result<(usize, usize, usize)> 
     println!("{pass} passed, {fail} failed, {unsup} unsupported");
     Ok((pass, fail, unsup))
 }
+
+/// How `embed --onnx` turns a rank-3 output (per-token states) into one vector per text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the text's real tokens (attention mask 1), then L2-normalized.
+    Mean,
+    /// The first token's state, L2-normalized.
+    Cls,
+    /// No pooling: a rank-2 output as it is (a rank-3 one is refused).
+    None,
+}
+
+/// `kiln embed --onnx`: tokenizes `texts`, runs them through an engine over `model` (each bucket
+/// lowered at its first use from its own import) and pools the chosen output.
+pub fn embed_onnx(
+    model_path: &Path,
+    tokenizer: &Path,
+    pooling: Pooling,
+    output: Option<&str>,
+    texts: &[&str],
+    kind: Kind,
+) -> Result<Vec<Vec<f32>>> {
+    use kiln_compiler::frontends::onnx::OnnxBackend;
+    use kiln_runtime::{Engine, LowerPolicy};
+    let model = std::sync::Arc::new(OnnxModel::open(model_path, &[])?);
+    let sig = model.signature()?;
+    let graph = sig.graph();
+    let k = match output {
+        Some(n) => graph.output_names.iter().position(|o| o == n).ok_or_else(|| {
+            Error::bad_batch(format!("{} has no output `{n}` (outputs: {})", model_path.display(), graph.output_names.join(", ")))
+        })?,
+        None => 0,
+    };
+    let tok_err = |m: String| Error::Model { path: tokenizer.to_path_buf(), message: m };
+    let mut tok = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| tok_err(e.to_string()))?;
+    tok.with_padding(None);
+    tok.with_truncation(Some(tokenizers::TruncationParams { max_length: 512, ..Default::default() })).map_err(|e| tok_err(e.to_string()))?;
+    let seqs: Vec<Vec<i64>> = texts
+        .iter()
+        .map(|t| tok.encode(*t, true).map(|e| e.get_ids().iter().map(|&i| i as i64).collect()).map_err(|e| tok_err(format!("cannot tokenize {t:?}: {e}"))))
+        .collect::<Result<_>>()?;
+    let bucket = Bucket::new(seqs.len(), seqs.iter().map(Vec::len).max().unwrap_or(1).max(1));
+    let weights = model.weights(&graph)?;
+    let batch = Batch::from_token_ids(&graph, &seqs)?;
+    let out = match kind {
+        Kind::Reference => {
+            let be = OnnxBackend::new(kiln_compiler::reference::ReferenceBackend, model.clone());
+            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
+        }
+        Kind::Cpu => {
+            let be = OnnxBackend::new(kiln_compiler::backends::cpu::CpuBackend::new()?, model.clone());
+            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
+        }
+        Kind::Cuda => {
+            let be = OnnxBackend::new(kiln_compiler::backends::cuda::CudaBackend::new()?, model.clone());
+            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
+        }
+    };
+    pool(&out.tensors[k], &seqs, pooling).map_err(|m| Error::Unsupported(format!("{}: output `{}`: {m}", model_path.display(), graph.output_names[k])))
+}
+
+/// One vector per text from `t` (rows trimmed to the batch, tokens to the longest text).
+pub fn pool(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
+    let v = t.to_f32_vec();
+    let normalize = |mut e: Vec<f32>| {
+        let n = e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt().max(1e-12);
+        e.iter_mut().for_each(|x| *x = (*x as f64 / n) as f32);
+        e
+    };
+    match (t.shape.len(), pooling) {
+        (2, _) => Ok(v.chunks(t.shape[1]).map(|c| c.to_vec()).collect()),
+        (3, Pooling::None) => Err("is per token (rank 3): choose --pooling mean or cls".into()),
+        (3, p) => {
+            let (s, d) = (t.shape[1], t.shape[2]);
+            Ok(seqs
+                .iter()
+                .enumerate()
+                .map(|(r, q)| {
+                    let n = if p == Pooling::Cls { 1 } else { q.len().min(s).max(1) };
+                    let mut e = vec![0f64; d];
+                    for tk in 0..n {
+                        for (c, x) in e.iter_mut().enumerate() {
+                            *x += v[(r * s + tk) * d + c] as f64;
+                        }
+                    }
+                    normalize(e.iter().map(|x| (x / n as f64) as f32).collect())
+                })
+                .collect())
+        }
+        (r, _) => Err(format!("has rank {r}; an embedding output has rank 2 or 3")),
+    }
+}
