@@ -148,6 +148,19 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "cpu")]
         backend: BackendKind,
     },
+    /// Run an ONNX model on numpy inputs; every graph output, in order, goes to
+    /// DIR/output_0.npy, output_1.npy, ... (never over an existing file).
+    Run {
+        #[arg(long)]
+        onnx: PathBuf,
+        /// NAME=FILE.npy, once per model input.
+        #[arg(long)]
+        input: Vec<String>,
+        #[arg(long)]
+        output_dir: PathBuf,
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: BackendKind,
+    },
     /// List the ops an ONNX model uses and those kiln does not support.
     OnnxOps {
         file: PathBuf,
@@ -293,6 +306,12 @@ fn run(cli: Cli) -> Result<()> {
             let (_, fail, _) = kiln::onnx::onnx_test(&dirs, onnx_kind(backend))?;
             if fail > 0 {
                 return Err(Error::bad_batch(format!("{fail} ONNX test(s) failed")));
+            }
+            Ok(())
+        }
+        Cmd::Run { onnx, input, output_dir, backend } => {
+            for p in kiln::onnx::run_cli(&onnx, &input, &output_dir, onnx_kind(backend))? {
+                println!("{}", p.display());
             }
             Ok(())
         }

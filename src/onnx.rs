@@ -287,3 +287,84 @@ pub fn pool(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result:
         (r, _) => Err(format!("has rank {r}; an embedding output has rank 2 or 3")),
     }
 }
+
+/// Reads a numpy `.npy` file into a kiln tensor: f32 and f64 (as f32), and the integer and
+/// bool types (as i64).
+pub fn read_npy(path: &Path) -> Result<HostTensor> {
+    let bad = |m: String| Error::Model { path: path.to_path_buf(), message: m };
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let npy = npyz::NpyFile::new(std::io::BufReader::new(f)).map_err(|e| bad(format!("not a .npy file: {e}")))?;
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    if npy.order() != npyz::Order::C {
+        return Err(bad("Fortran-order arrays are not supported (save with np.ascontiguousarray)".into()));
+    }
+    let descr = match npy.dtype() {
+        npyz::DType::Plain(t) => t.to_string(),
+        other => return Err(bad(format!("dtype {other:?} is not a plain numeric type"))),
+    };
+    use kiln_runtime::TensorData as T;
+    let data = match descr.trim_start_matches(['<', '|', '=']) {
+        "f4" => T::F32(npy.into_vec::<f32>().map_err(|x| bad(x.to_string()))?),
+        "f8" => T::F32(npy.into_vec::<f64>().map_err(|x| bad(x.to_string()))?.into_iter().map(|x| x as f32).collect()),
+        "i8" => T::I64(npy.into_vec::<i64>().map_err(|x| bad(x.to_string()))?),
+        "i4" => T::I64(npy.into_vec::<i32>().map_err(|x| bad(x.to_string()))?.into_iter().map(i64::from).collect()),
+        "i2" => T::I64(npy.into_vec::<i16>().map_err(|x| bad(x.to_string()))?.into_iter().map(i64::from).collect()),
+        "i1" => T::I64(npy.into_vec::<i8>().map_err(|x| bad(x.to_string()))?.into_iter().map(i64::from).collect()),
+        "u1" => T::I64(npy.into_vec::<u8>().map_err(|x| bad(x.to_string()))?.into_iter().map(i64::from).collect()),
+        "b1" => T::I64(npy.into_vec::<bool>().map_err(|x| bad(x.to_string()))?.into_iter().map(i64::from).collect()),
+        d => return Err(bad(format!("dtype `{descr}` ({d}) is not supported"))),
+    };
+    HostTensor::new(shape, data).map_err(|e| bad(e.to_string()))
+}
+
+/// Writes `t` as a new `.npy` file (f32, or i64 for integer tensors); an existing file is an
+/// error, never overwritten.
+pub fn write_npy(path: &Path, t: &HostTensor) -> Result<()> {
+    use npyz::WriterBuilder;
+    let io = |e: std::io::Error| Error::io(path, &e);
+    let f = std::fs::File::create_new(path).map_err(io)?;
+    let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+    let w = std::io::BufWriter::new(f);
+    if t.dtype().is_int() {
+        let v: Vec<i64> = t.data.to_f64_vec().into_iter().map(|x| x as i64).collect();
+        let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
+        wr.extend(v).map_err(io)?;
+        wr.finish().map_err(io)
+    } else {
+        let mut wr = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(w).begin_nd().map_err(io)?;
+        wr.extend(t.to_f32_vec()).map_err(io)?;
+        wr.finish().map_err(io)
+    }
+}
+
+/// `kiln run --onnx FILE --input NAME=FILE.npy ... --output-dir DIR`: every graph output, in
+/// order, to `DIR/output_K.npy`.
+pub fn run_cli(file: &Path, inputs: &[String], out_dir: &Path, kind: Kind) -> Result<Vec<PathBuf>> {
+    let model = OnnxModel::open(file, &[])?;
+    let mut given: Vec<Option<HostTensor>> = vec![None; model.inputs.len()];
+    for spec in inputs {
+        let (name, path) = spec.split_once('=').ok_or_else(|| Error::bad_batch(format!("--input `{spec}` is not NAME=FILE.npy")))?;
+        let k = model.inputs.iter().position(|i| i.name == name).ok_or_else(|| {
+            Error::bad_batch(format!(
+                "{} has no input `{name}` (inputs: {})",
+                file.display(),
+                model.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        given[k] = Some(read_npy(Path::new(path))?);
+    }
+    let missing: Vec<&str> = model.inputs.iter().zip(&given).filter(|(_, g)| g.is_none()).map(|(i, _)| i.name.as_str()).collect();
+    if !missing.is_empty() {
+        return Err(Error::bad_batch(format!("missing --input for {}", missing.join(", "))));
+    }
+    let given: Vec<HostTensor> = given.into_iter().flatten().collect();
+    let outs = run_model(&model, &given, kind)?;
+    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, &e))?;
+    let mut written = Vec::new();
+    for (k, t) in outs.iter().enumerate() {
+        let p = out_dir.join(format!("output_{k}.npy"));
+        write_npy(&p, t)?;
+        written.push(p);
+    }
+    Ok(written)
+}
