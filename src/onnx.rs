@@ -237,7 +237,10 @@ pub fn embed_onnx(
         .map(|t| tok.encode(*t, true).map(|e| e.get_ids().iter().map(|&i| i as i64).collect()).map_err(|e| tok_err(format!("cannot tokenize {t:?}: {e}"))))
         .collect::<Result<_>>()?;
     let bucket = Bucket::new(seqs.len(), seqs.iter().map(Vec::len).max().unwrap_or(1).max(1));
-    let weights = model.weights(&graph)?;
+    // Through the seed WeightLoader, as a safetensors checkpoint would be.
+    let loader = kiln_compiler::frontends::onnx::OnnxLoader::with_model(model.clone());
+    let source = kiln_runtime::WeightSource::Onnx(model.path.clone());
+    let weights = kiln_runtime::load_table(&loader, &source, &graph.weights)?;
     let batch = Batch::from_token_ids(&graph, &seqs)?;
     let out = match kind {
         Kind::Reference => {

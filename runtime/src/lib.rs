@@ -24,6 +24,6 @@ pub use graph::{
 pub use signature::{OutputSpec, Signature};
 pub use trust::TrustPolicy;
 pub use weights::{
-    block_on, load_graph_weights, BoxFuture, SafetensorsLoader, TensorInfo, TensorRef, TensorSpec, WeightLoader,
+    block_on, load_graph_weights, load_table, BoxFuture, SafetensorsLoader, TensorInfo, TensorRef, TensorSpec, WeightLoader,
     WeightLoaderCapabilities, WeightMetadata, WeightSource,
 };

@@ -22,12 +22,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub enum WeightSource {
     /// One `.safetensors` file.
     Safetensors(PathBuf),
+    /// The initializers of an ONNX model (and its external data files), read by
+    /// `kiln_compiler::frontends::onnx::OnnxLoader`.
+    Onnx(PathBuf),
 }
 
 impl WeightSource {
     pub fn path(&self) -> &Path {
         match self {
-            WeightSource::Safetensors(p) => p,
+            WeightSource::Safetensors(p) | WeightSource::Onnx(p) => p,
         }
     }
 }
@@ -69,6 +72,25 @@ impl std::fmt::Debug for TensorRef {
 }
 
 impl TensorRef {
+    /// A tensor held in memory.
+    pub fn owned(name: impl Into<String>, t: HostTensor) -> Self {
+        TensorRef { name: name.into(), dtype: t.dtype(), shape: t.shape, storage: Storage::Owned(t.data) }
+    }
+
+    /// A tensor read in place from bytes `start..end` of a mapped file (little-endian `dtype`
+    /// elements of `shape`); the range must hold exactly those bytes.
+    pub fn mapped(name: impl Into<String>, dtype: DType, shape: Vec<usize>, map: Arc<Mmap>, start: usize, end: usize) -> Result<Self> {
+        let name = name.into();
+        let want = shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        if end > map.len() || start > end || want != Some(end - start) {
+            return Err(Error::Internal {
+                stage: "weights".into(),
+                message: format!("tensor `{name}`: bytes {start}..{end} of a {}-byte map for {dtype} {shape:?}", map.len()),
+            });
+        }
+        Ok(TensorRef { name, dtype, shape, storage: Storage::Mapped { map, start, end } })
+    }
+
     /// Whether the data is read straight from the mapped file (zero copy).
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })
@@ -215,7 +237,7 @@ impl SafetensorsLoader {
     }
 
     fn load_sync(&self, spec: &TensorSpec) -> Result<TensorRef> {
-        let path = spec.source.path();
+        let path = not_safetensors(&spec.source)?;
         let m = self.open(path)?;
         let (dtype, shape, start, end) = m
             .tensors
@@ -253,7 +275,7 @@ impl SafetensorsLoader {
     }
 
     fn metadata_sync(&self, source: &WeightSource) -> Result<WeightMetadata> {
-        let m = self.open(source.path())?;
+        let m = self.open(not_safetensors(source)?)?;
         let mut tensors: Vec<TensorInfo> = m
             .tensors
             .iter()
@@ -278,14 +300,14 @@ impl WeightLoader for SafetensorsLoader {
         Box::pin(async move { specs.iter().map(|s| self.load_sync(s)).collect() })
     }
     fn is_available<'a>(&'a self, source: &'a WeightSource) -> BoxFuture<'a, bool> {
-        Box::pin(async move { self.open(source.path()).is_ok() })
+        Box::pin(async move { not_safetensors(source).and_then(|p| self.open(p)).is_ok() })
     }
     fn get_metadata<'a>(&'a self, source: &'a WeightSource) -> BoxFuture<'a, Result<WeightMetadata>> {
         Box::pin(async move { self.metadata_sync(source) })
     }
     fn preload<'a>(&'a self, source: &'a WeightSource) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let m = self.open(source.path())?;
+            let m = self.open(not_safetensors(source)?)?;
             // Read one byte per page so the kernel faults every page in now.
             let mut acc = 0u8;
             for b in m.map.iter().step_by(4096) {
@@ -306,6 +328,24 @@ impl WeightLoader for SafetensorsLoader {
 
 /// Loads every weight of a graph's weight table from one safetensors file, in table order,
 /// checking names, dtypes (converting floats) and shapes.
+/// The path of a safetensors source; another kind of source is `Unsupported` here.
+fn not_safetensors(source: &WeightSource) -> Result<&Path> {
+    match source {
+        WeightSource::Safetensors(p) => Ok(p),
+        other => Err(Error::Unsupported(format!("{}: the safetensors loader reads .safetensors files, not {other:?}", other.path().display()))),
+    }
+}
+
+/// Loads the weight table `table` (names, dtypes, shapes) from `source` through `loader`.
+pub fn load_table(loader: &dyn WeightLoader, source: &WeightSource, table: &[crate::graph::WeightSpec]) -> Result<Vec<HostTensor>> {
+    let specs: Vec<TensorSpec> = table
+        .iter()
+        .map(|w| TensorSpec { source: source.clone(), name: w.name.clone(), dtype: w.dtype, shape: Some(w.shape.clone()) })
+        .collect();
+    let refs = block_on(loader.load_tensors(&specs))?;
+    Ok(refs.iter().map(|r| r.to_host()).collect())
+}
+
 pub fn load_graph_weights(
     loader: &dyn WeightLoader,
     path: &Path,

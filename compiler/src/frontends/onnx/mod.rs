@@ -18,6 +18,7 @@ pub mod attrs;
 pub mod backend;
 pub mod import;
 pub mod lit;
+pub mod loader;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
 pub mod shape;
@@ -33,6 +34,7 @@ use kiln_runtime::{Bucket, Error, HostTensor, Result};
 use prost::Message;
 
 pub use backend::OnnxBackend;
+pub use loader::OnnxLoader;
 use import::{Fail, Importer};
 use proto::{GraphProto, ModelProto, TensorProto};
 use tensor::Elem;
@@ -134,6 +136,16 @@ impl OnnxModel {
         }
         let mut role_map: HashMap<String, DimRole> = roles.iter().cloned().collect();
         if roles.is_empty() {
+            // Dims named as exporters name them, then the rank-2 integer input's two dims.
+            for i in &inputs {
+                for d in i.dims.iter().filter_map(|d| d.as_ref().err().cloned().flatten()) {
+                    match d.to_lowercase().as_str() {
+                        "batch" | "batch_size" | "n" => role_map.insert(d.clone(), DimRole::Batch),
+                        "seq" | "sequence" | "seq_len" | "sequence_length" => role_map.insert(d.clone(), DimRole::Seq),
+                        _ => None,
+                    };
+                }
+            }
             if let Some(i) = inputs.iter().find(|i| i.dims.len() == 2 && !i.elem.is_float()) {
                 if let Err(Some(b)) = &i.dims[0] {
                     role_map.insert(b.clone(), DimRole::Batch);
@@ -191,7 +203,7 @@ impl OnnxModel {
                             Some(DimRole::Batch) => Ok(bucket.batch),
                             Some(DimRole::Seq) => Ok(bucket.seq),
                             None => Err(Error::Unsupported(format!(
-                                "{}: input `{}` has dim `{p}`, which is neither batch nor seq (name it with --dim {p}=batch|seq)",
+                                "{}: input `{}` has dim `{p}`, which is neither batch nor seq (kiln takes the dims of a rank-2 integer input, or dims named batch / sequence)",
                                 self.path.display(),
                                 i.name
                             ))),
@@ -336,6 +348,17 @@ impl OnnxModel {
             outputs.push(OutputSpec { name: name.clone(), dtype: n1.dtype, shape });
         }
         Ok(Signature { inputs, outputs, weights: g1.weights })
+    }
+
+    /// A weight made at import (a dequantized initializer), importing the model once if no
+    /// import has made it yet.
+    pub fn derived(&self, name: &str) -> Result<Option<HostTensor>> {
+        if let Some(t) = self.derived.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(Some(t.clone()));
+        }
+        // Any import makes every derived weight (they do not depend on the bucket).
+        self.graph_for(Bucket::new(1, 1))?;
+        Ok(self.derived.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned())
     }
 
     /// The weight tensors of `graph`'s weight table (an import of this model): initializers
