@@ -63,7 +63,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Embed with an ONNX model instead of a model folder (needs --tokenizer).
-        #[arg(long, conflicts_with_all = ["model", "plan"], requires = "tokenizer")]
+        #[arg(long, conflicts_with = "model", requires = "tokenizer")]
         onnx: Option<PathBuf>,
         /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
         #[arg(long, requires = "onnx")]
@@ -200,7 +200,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, backend, json, texts, .. } => {
+        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, backend, json, texts, plan, trusted_key, .. } => {
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
             let pooling = match pooling {
                 PoolingKind::Mean => kiln::onnx::Pooling::Mean,
@@ -208,7 +208,12 @@ fn run(cli: Cli) -> Result<()> {
                 PoolingKind::None => kiln::onnx::Pooling::None,
             };
             let tok = tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?;
-            let emb = kiln::onnx::embed_onnx(&file, &tok, pooling, output.as_deref(), &texts, onnx_kind(backend))?;
+            let trust = trust_policy(&trusted_key)?;
+            let runner = match &plan {
+                Some(p) => kiln::onnx::Runner::Plan(p, &trust),
+                None => kiln::onnx::Runner::Jit(onnx_kind(backend)),
+            };
+            let emb = kiln::onnx::embed_onnx(&file, &tok, pooling, output.as_deref(), &texts, runner)?;
             for (i, (t, e)) in texts.iter().zip(&emb).enumerate() {
                 if e.iter().any(|x| !x.is_finite()) {
                     return Err(Error::Model { path: file.clone(), message: format!("the embedding of text {i} ({t:?}) is not finite") });

@@ -207,15 +207,23 @@ pub enum Pooling {
     None,
 }
 
+/// Where `embed --onnx` runs: compiled now on a backend, or from an artifact's plans.
+pub enum Runner<'a> {
+    Jit(Kind),
+    /// A plan artifact (`kiln compile --onnx FILE -o PLAN`) under a trust policy.
+    Plan(&'a Path, &'a kiln_runtime::TrustPolicy),
+}
+
 /// `kiln embed --onnx`: tokenizes `texts`, runs them through an engine over `model` (each bucket
-/// lowered at its first use from its own import) and pools the chosen output.
+/// lowered at its first use from its own import, or loaded from a plan artifact compiled for
+/// this model) and pools the chosen output.
 pub fn embed_onnx(
     model_path: &Path,
     tokenizer: &Path,
     pooling: Pooling,
     output: Option<&str>,
     texts: &[&str],
-    kind: Kind,
+    runner: Runner,
 ) -> Result<Vec<Vec<f32>>> {
     use kiln_compiler::frontends::onnx::OnnxBackend;
     use kiln_runtime::{Engine, LowerPolicy};
@@ -242,18 +250,38 @@ pub fn embed_onnx(
     let source = kiln_runtime::WeightSource::Onnx(model.path.clone());
     let weights = kiln_runtime::load_table(&loader, &source, &graph.weights)?;
     let batch = Batch::from_token_ids(&graph, &seqs)?;
-    let out = match kind {
-        Kind::Reference => {
+    let out = match runner {
+        Runner::Jit(Kind::Reference) => {
             let be = OnnxBackend::new(kiln_compiler::reference::ReferenceBackend, model.clone());
             Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
         }
-        Kind::Cpu => {
+        Runner::Jit(Kind::Cpu) => {
             let be = OnnxBackend::new(kiln_compiler::backends::cpu::CpuBackend::new()?, model.clone());
             Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
         }
-        Kind::Cuda => {
+        Runner::Jit(Kind::Cuda) => {
             let be = OnnxBackend::new(kiln_compiler::backends::cuda::CudaBackend::new()?, model.clone());
             Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
+        }
+        Runner::Plan(plan, trust) => {
+            use kiln_runtime::artifact::{Artifact, Target};
+            let in_plan = |e: Error| e.context(plan.display());
+            let a = Artifact::from_file_with(plan, trust).map_err(in_plan)?;
+            // The plans must be this model's: the artifact records the model's signature.
+            a.check_graph(&graph).map_err(|e| e.context(format!("{} (model {})", plan.display(), model_path.display())))?;
+            let buckets = a.header.buckets.clone();
+            let plan_graph = a.body.signature.graph();
+            match a.header.target.clone() {
+                Target::CpuX86_64 { .. } => {
+                    let e = Engine::new(kiln_runtime::cpu::PrecompiledCpu::new(a), plan_graph, &weights, &buckets, LowerPolicy::OnFirstRequest).map_err(in_plan)?;
+                    e.infer(&batch).map_err(in_plan)?
+                }
+                Target::Cuda { .. } => {
+                    let be = kiln_runtime::cuda::PrecompiledCuda::new(a).map_err(in_plan)?;
+                    let e = Engine::new(be, plan_graph, &weights, &buckets, LowerPolicy::OnFirstRequest).map_err(in_plan)?;
+                    e.infer(&batch).map_err(in_plan)?
+                }
+            }
         }
     };
     pool(&out.tensors[k], &seqs, pooling).map_err(|m| Error::Unsupported(format!("{}: output `{}`: {m}", model_path.display(), graph.output_names[k])))
