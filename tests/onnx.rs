@@ -114,6 +114,19 @@ fn real_int8_export_fusion_and_plans() {
     let report = kiln_compiler::pipeline::report_of(&g, &l).to_string();
     kiln_testkit::golden::check_golden("tests/golden/onnx/minilm_int8_2x16.txt", &format!("{report}\n{}", l.program.print()));
 
+    // Fusion on the foreign graph: one attention kernel per layer (through the export's
+    // per-head reshapes, its scale split over Q and K, and its NaN guard), and no more kernels
+    // than 1.1 x kiln's own BERT at the bucket.
+    use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
+    let own = build_bert(&BertConfig::minilm_l6(), "", BertOutputs::default()).unwrap();
+    for b in [b, kiln_runtime::Bucket::new(8, 128)] {
+        let theirs = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program;
+        let ours = kiln_compiler::pipeline::run_pipeline(&own, b).unwrap().program;
+        assert_eq!(theirs.kernels_by_kind().get("attention"), Some(&6), "{b}: attention not fused");
+        let (t, o) = (theirs.kernels.len(), ours.kernels.len());
+        assert!(t * 10 <= o * 11, "{b}: {t} kernels from the export vs {o} from kiln's own graph");
+    }
+
     let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("i8.kiln");

@@ -408,7 +408,18 @@ pub enum KernelOp {
     /// `batch ++ [seq_kv, head_dim]`, `inputs[2]` = V view `batch ++ [seq_kv, v_dim]`,
     /// `inputs[mask]` (if any) a view `batch ++ [seq_q, seq_kv]` (usually broadcast, stride 0).
     /// Output view `batch ++ [seq_q, v_dim]`. A backend need not materialize the scores.
-    Attention { batch: Vec<usize>, seq_q: usize, seq_kv: usize, head_dim: usize, v_dim: usize, scale: f32, mask: Option<usize> },
+    /// `zero_nan_rows`: a row whose probabilities are NaN (a NaN or +inf score) uses probabilities
+    /// 0 instead, giving `0·V` (the fused `Where(IsNaN(p), 0, p)` guard of PyTorch's SDPA export).
+    Attention {
+        batch: Vec<usize>,
+        seq_q: usize,
+        seq_kv: usize,
+        head_dim: usize,
+        v_dim: usize,
+        scale: f32,
+        mask: Option<usize>,
+        zero_nan_rows: bool,
+    },
     /// Embedding lookup: `inputs[0]` = table view `[rows, cols]`, `inputs[1]` = integer ids view
     /// (shape `ids`); output view `ids ++ [cols]`. An id outside `0..rows` is a run-time error
     /// (or clamped: backends document which).
@@ -554,11 +565,12 @@ impl KernelProgram {
                 KernelOp::Softmax { prologue } => {
                     let _ = writeln!(s, "  prologue: {}", prologue.print());
                 }
-                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask } => {
+                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask, zero_nan_rows } => {
                     let _ = writeln!(
                         s,
-                        "  batch={batch:?} seq_q={seq_q} seq_kv={seq_kv} head_dim={head_dim} v_dim={v_dim} scale={scale:?} mask={}",
-                        mask.map(|m| format!("in{m}")).unwrap_or("-".into())
+                        "  batch={batch:?} seq_q={seq_q} seq_kv={seq_kv} head_dim={head_dim} v_dim={v_dim} scale={scale:?} mask={}{}",
+                        mask.map(|m| format!("in{m}")).unwrap_or("-".into()),
+                        if *zero_nan_rows { " zero_nan_rows" } else { "" }
                     );
                 }
                 KernelOp::Gather => {}

@@ -179,7 +179,7 @@ fn attention_heads() {
     let heads = |x: BufferId| dense(x, &[b, s, h * d]).reshape(&[b, s, h, d]).unwrap().permute(&[0, 2, 1, 3]);
     let mv = BufferView { buffer: m, offset: 0, shape: vec![b, h, s, s], strides: vec![s, 0, 0, 1] };
     let prog = p.finish(
-        KernelOp::Attention { batch: vec![b, h], seq_q: s, seq_kv: s, head_dim: d, v_dim: d, scale: 0.35355338, mask: Some(3) },
+        KernelOp::Attention { batch: vec![b, h], seq_q: s, seq_kv: s, head_dim: d, v_dim: d, scale: 0.35355338, mask: Some(3), zero_nan_rows: false },
         vec![heads(q), heads(k), heads(v), mv],
         heads(o),
     );
@@ -235,7 +235,7 @@ fn bad_kernels_are_errors() {
     let q = p.input("q", DType::F32, &[1, 4, 256]);
     let o = p.output("out", DType::F32, &[1, 4, 256]);
     let prog = p.finish(
-        KernelOp::Attention { batch: vec![1], seq_q: 4, seq_kv: 4, head_dim: 256, v_dim: 256, scale: 1.0, mask: None },
+        KernelOp::Attention { batch: vec![1], seq_q: 4, seq_kv: 4, head_dim: 256, v_dim: 256, scale: 1.0, mask: None, zero_nan_rows: false },
         vec![dense(q, &[1, 4, 256]), dense(q, &[1, 4, 256]), dense(q, &[1, 4, 256])],
         dense(o, &[1, 4, 256]),
     );

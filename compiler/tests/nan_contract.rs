@@ -224,3 +224,40 @@ fn random_graphs_with_special_values_in_their_inputs() {
     }
     assert!(errs.is_empty(), "{} disagreements:\n{}", errs.len(), errs.join("\n"));
 }
+
+/// The softmax guard of PyTorch's SDPA export, fused into attention (`zero_nan_rows`): a row with
+/// a NaN query and a fully masked row (-inf mask) give 0·V on every backend, the other rows are
+/// untouched. The graph is the filetest's.
+#[test]
+fn guarded_attention_zeroes_nan_rows_on_every_backend() {
+    let path = kiln_testkit::golden::workspace_root().join("tests/golden/filecheck/attention_sdpa_export.kir");
+    let g = kiln_compiler::ir::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let bucket = Bucket::new(1, 4);
+    let l = run_pipeline(&g, bucket).unwrap();
+    assert!(l.program.print().contains("zero_nan_rows"), "{}", l.program.print());
+    let mut rng = Rng::new(7);
+    let mut inputs: Vec<HostTensor> = [64usize, 64, 64, 16]
+        .iter()
+        .map(|&n| {
+            let shape = if n == 16 { vec![1, 1, 4, 4] } else { vec![1, 2, 4, 8] };
+            HostTensor::new(shape, TensorData::F32((0..n).map(|_| rng.uniform(-1.0, 1.0)).collect())).unwrap()
+        })
+        .collect();
+    // Head 0, query row 1: NaN; query row 3 (every head): every key masked.
+    let TensorData::F32(q) = &mut inputs[0].data else { unreachable!() };
+    q[8 + 5] = f32::NAN;
+    let TensorData::F32(m) = &mut inputs[3].data else { unreachable!() };
+    m[12..16].fill(f32::NEG_INFINITY);
+    let errs = all_backends("guarded attention", &g, &[], &inputs, bucket, GRAPH_TOL);
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+    // The oracle itself: those rows are +0, the rest finite and not all zero.
+    let want = interpret(&g, &[], &inputs, bucket).unwrap()[0].data.to_f64_vec();
+    for (i, x) in want.iter().enumerate() {
+        let (h, row) = (i / 32, i / 8 % 4);
+        if (h == 0 && row == 1) || row == 3 {
+            assert_eq!(x.to_bits(), 0, "element {i}: {x}");
+        } else {
+            assert!(x.is_finite() && *x != 0.0, "element {i}: {x}");
+        }
+    }
+}

@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(128) {{NAME}}({{PARAMS}}) {
     for (int r = 0; r < 4; ++r) {
         const unsigned qi = q0 + warp * 4u + (unsigned)r;
         if (qi >= {{SQ}}u) continue;
-        const float inv = 1.0f / l_i[r];
+{{NAN_ROWS}}        const float inv = 1.0f / l_i[r];
 #pragma unroll
         for (int dd = 0; dd < {{DV_LANE}}; ++dd) {
             const unsigned d = lane + 32u * (unsigned)dd;

@@ -8,7 +8,10 @@
 //!    sum (exact two-pass softmax on the row, in L1);
 //! 3. `O_blk = P·V` with the microkernel, then each output row is scaled by 1/sum.
 //!
-//! A fully masked row (all scores -inf) gives an all-zero output row.
+//! A fully masked row (all scores -inf) gives an all-zero output row. With
+//! [`ATTN_ZERO_NAN_ROWS`] a row whose softmax is NaN (a NaN or +inf score, which makes every
+//! probability of the row NaN) has probabilities 0 instead: PyTorch's SDPA export guards its
+//! softmax with `Where(IsNaN(p), 0, p)`, and this flag is that guard fused.
 
 use crate::error::check_len;
 use crate::gemm::{
@@ -69,7 +72,12 @@ pub(crate) struct HeadDesc {
     pub out: *mut f32,
     pub strides: AttnStrides,
     pub scale: f32,
+    /// [`ATTN_ZERO_NAN_ROWS`] set.
+    pub zero_nan_rows: bool,
 }
+
+/// [`AttentionArgs::flags`] bit: a row whose probabilities are NaN uses probabilities 0.
+pub const ATTN_ZERO_NAN_ROWS: u32 = 1;
 
 /// Runs one head on the calling thread.
 ///
@@ -137,6 +145,11 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                 };
                 let (_, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
                 *inv.add(i) = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                if h.zero_nan_rows && sum.is_nan() {
+                    // Probabilities 0: the row becomes 0·V (NaN only where V is not finite).
+                    std::ptr::write_bytes(s.add(i * sk), 0, sk);
+                    *inv.add(i) = 1.0;
+                }
             }
             let od = GemmDesc {
                 m: rb,
@@ -216,6 +229,7 @@ pub fn attention_f32(
         out: out.as_mut_ptr(),
         strides,
         scale,
+        zero_nan_rows: false,
     };
     // SAFETY: every extent checked above; out and scratch are distinct &mut borrows.
     unsafe { attention_head_raw(&h, scratch.as_mut_ptr(), &Arch::for_isa(isa), isa) };
@@ -223,7 +237,7 @@ pub fn attention_f32(
 }
 
 /// Batched multi-head attention, C ABI layout (`repr(C)`; all fields 8 bytes (CLIF `i64`) except
-/// `scale` (f32) and `_pad` (u32)). Head `(b, h)` reads
+/// `scale` (f32) and `flags` (u32, [`ATTN_ZERO_NAN_ROWS`])). Head `(b, h)` reads
 /// `q + b·q_batch_stride + h·q_head_stride` (seq_q rows at `q_row_stride`), likewise K, V and the
 /// mask (null for none; `mask_row_stride == 0` broadcasts one row over the queries; use stride 0 on
 /// the head to share one mask across heads) and writes `out + b·out_batch_stride + h·out_head_stride`.
@@ -233,7 +247,7 @@ pub fn attention_f32(
 /// k_head_stride 96, k_row_stride 104, v 112, v_batch_stride 120, v_head_stride 128,
 /// v_row_stride 136, out 144, out_batch_stride 152, out_head_stride 160, out_row_stride 168,
 /// mask 176, mask_batch_stride 184, mask_head_stride 192, mask_row_stride 200, scale 208 (f32),
-/// _pad 212, scratch 216, scratch_len 224; size 232. `tests/table.rs` checks them.
+/// flags 212, scratch 216, scratch_len 224; size 232. `tests/table.rs` checks them.
 ///
 /// Scratch: `threads × attention_scratch_len(dims)` floats for `threads` parallel heads.
 #[repr(C)]
@@ -266,7 +280,7 @@ pub struct AttentionArgs {
     pub mask_head_stride: usize,
     pub mask_row_stride: usize,
     pub scale: f32,
-    pub _pad: u32,
+    pub flags: u32,
     pub scratch: *mut f32,
     pub scratch_len: usize,
 }
@@ -353,6 +367,7 @@ pub(crate) unsafe fn attention_batched_raw(
                 mask: g.mask_row_stride,
             },
             scale: g.scale,
+            zero_nan_rows: g.flags & ATTN_ZERO_NAN_ROWS != 0,
         };
         // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
         unsafe { attention_head_raw(&h, (sp as *mut f32).wrapping_add(w * per), &arch, isa) };
@@ -537,7 +552,7 @@ pub fn attention_batched(
         mask_head_stride: m.head_stride,
         mask_row_stride: m.row_stride,
         scale,
-        _pad: 0,
+        flags: 0,
         scratch: scratch.as_mut_ptr(),
         scratch_len: scratch.len(),
     };

@@ -29,7 +29,8 @@ use crate::{effective_isa, Isa};
 use std::mem::offset_of;
 
 /// Version of the table layout and entry semantics; generated code may check it.
-pub const KERNEL_ABI_VERSION: u32 = 1;
+/// 2: `AttentionArgs::flags` (was padding) carries `ATTN_ZERO_NAN_ROWS`.
+pub const KERNEL_ABI_VERSION: u32 = 2;
 
 /// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
 pub type GemmFn = unsafe extern "C" fn(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kiln_kernels::attention::{attention_batched_scratch_len, AttentionArgs, AttnDims};
+use kiln_kernels::attention::{attention_batched_scratch_len, AttentionArgs, AttnDims, ATTN_ZERO_NAN_ROWS};
 use kiln_kernels::gemm::{
     batched_scratch_len, gemm, gemm_batched, gemm_scratch_len, pack_b, packed_b_len,
     BatchedGemmArgs, Epilogue, EpilogueRef, Strided, StridedMut,
@@ -59,7 +59,7 @@ fn documented_offsets() {
     assert_eq!(offset_of!(AttentionArgs, mask), 176);
     assert_eq!(offset_of!(AttentionArgs, mask_row_stride), 200);
     assert_eq!(offset_of!(AttentionArgs, scale), 208);
-    assert_eq!(offset_of!(AttentionArgs, _pad), 212);
+    assert_eq!(offset_of!(AttentionArgs, flags), 212);
     assert_eq!(offset_of!(AttentionArgs, scratch), 216);
     assert_eq!(offset_of!(AttentionArgs, scratch_len), 224);
     assert_eq!(size_of::<AttentionArgs>(), 232);
@@ -500,7 +500,7 @@ fn attention_through_the_table() {
         mask_head_stride: 0,
         mask_row_stride: 0,
         scale: 0.35,
-        _pad: 0,
+        flags: 0,
         scratch: scratch.as_mut_ptr(),
         scratch_len: scratch.len(),
     };
@@ -526,6 +526,32 @@ fn attention_through_the_table() {
                     (got - want).abs() < 2e-5,
                     "head {hi} row {i} col {c}: {got} vs {want}"
                 );
+            }
+        }
+    }
+    // A NaN in row 2 of head 1's queries makes that row's probabilities NaN: NaN out without the
+    // flag, 0·V = 0 with it (V is finite); every other row is unchanged.
+    let mut qn = q.clone();
+    qn[s * d + 2 * d] = f32::NAN;
+    let plain = out.clone();
+    for (flags, want_nan) in [(0u32, true), (ATTN_ZERO_NAN_ROWS, false)] {
+        let mut o2 = vec![0.0f32; out.len()];
+        let a2 = AttentionArgs {
+            q: qn.as_ptr(),
+            out: o2.as_mut_ptr(),
+            flags,
+            ..args
+        };
+        // SAFETY: as above, with buffers of the same sizes.
+        assert_eq!(unsafe { (table.attention_f32)(&table, &a2) }, 0);
+        for (i, (&x, &y)) in o2.iter().zip(&plain).enumerate() {
+            if i / d == s + 2 {
+                assert_eq!(x.is_nan(), want_nan, "flags {flags}: {x}");
+                if !want_nan {
+                    assert_eq!(x.to_bits(), 0, "flags {flags}: {x}");
+                }
+            } else {
+                assert_eq!(x.to_bits(), y.to_bits(), "flags {flags}, element {i}");
             }
         }
     }

@@ -422,7 +422,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                 Ok(())
             })?;
         }
-        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask } => {
+        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask, zero_nan_rows } => {
             let (q, kk, v) = (&k.inputs[0], &k.inputs[1], &k.inputs[2]);
             let mk = mask.map(|m| &k.inputs[m]);
             let mut views = vec![q, kk, v, out];
@@ -449,6 +449,9 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                         *pj = s;
                     }
                     softmax_row(&mut p);
+                    if *zero_nan_rows && p.iter().any(|x| x.is_nan()) {
+                        p.fill(0.0);
+                    }
                     orow.fill(0.0);
                     for (j, pj) in p.iter().enumerate() {
                         for (d, o) in orow.iter_mut().enumerate() {

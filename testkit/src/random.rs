@@ -5,7 +5,7 @@
 //! The generator builds valid graphs with symbolic `batch`/`seq` dims, exercising what the
 //! middle-end rewrites: attention blocks in several spellings (scale on the scores or on Q,
 //! `div` by √d, mask through `add` or the softmax's own input, K transposed by a flag or by a
-//! transpose node), linear layers with bias/activation/residual, norms with residual adds,
+//! transpose node, softmax guarded by `Where(IsNaN(p), 0, p)`), linear layers with bias/activation/residual, norms with residual adds,
 //! softmax on any axis, reductions, views (reshape, transpose, slice), concat, gather, where,
 //! casts, and fodder for the passes (`x*1`, `x+0`, identity and double transposes, repeated
 //! subexpressions, constant subgraphs, dead nodes). Intermediates are sometimes also graph
@@ -370,7 +370,14 @@ impl Gen<'_> {
         if self.rng.chance(0.1) {
             self.pool.push(scores);
         }
-        let p = self.b.softmax(scores, 3, sm_mask)?;
+        let mut p = self.b.softmax(scores, 3, sm_mask)?;
+        if self.rng.chance(0.3) {
+            // PyTorch's SDPA export: `Where(IsNaN(p), 0, p)` (IsNaN as `p != p`, cast to a mask).
+            let nan = self.b.binary(BinaryOp::Ne, p, p)?;
+            let nan = self.b.cast(nan, DType::I64)?;
+            let zero = self.b.scalar(0.0)?;
+            p = self.b.where_(nan, zero, p)?;
+        }
         let ctx = self.b.matmul(p, v)?;
         let ctx = self.b.transpose(ctx, &[0, 2, 1, 3])?;
         let out = self.b.reshape(ctx, vec![s[0], Dim::Seq, fixed(h)])?;

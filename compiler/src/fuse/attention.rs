@@ -27,6 +27,35 @@ impl<'a> Fuser<'a> {
         (self.shapes[r.0] == self.shapes[v]).then_some(r)
     }
 
+    /// `Where(IsNaN(p), 0, p)` over a softmax `p` used by nothing else (PyTorch's SDPA export
+    /// guards fully masked rows so): (p, the guard's nodes). IsNaN is `Ne(p, p)`, maybe cast.
+    fn nan_guard(&self, w: usize) -> Option<(usize, Vec<usize>)> {
+        let n = &self.g.nodes[w];
+        if n.op != Op::Where || !self.single_use(w) || self.group_of[w].is_some() {
+            return None;
+        }
+        let (mut c, z, p) = (n.inputs[0].index(), n.inputs[1].index(), n.inputs[2].index());
+        if scalar_constant(self.g, z).map(f32::to_bits) != Some(0) || self.shapes[w] != self.shapes[p] {
+            return None;
+        }
+        let mut guard = vec![w];
+        if matches!(self.g.nodes[c].op, Op::Cast { .. }) {
+            if !self.single_use(c) || self.group_of[c].is_some() {
+                return None;
+            }
+            guard.push(c);
+            c = self.g.nodes[c].inputs[0].index();
+        }
+        let ne = &self.g.nodes[c];
+        let is_nan = ne.op == Op::Binary(BinaryOp::Ne) && ne.inputs.iter().all(|i| i.index() == p);
+        if !is_nan || !self.single_use(c) || self.group_of[c].is_some() || self.shapes[c] != self.shapes[p] {
+            return None;
+        }
+        guard.push(c);
+        // p's uses: the two operands of Ne and the Where.
+        (self.use_count[p] == 3 && !self.is_output[p]).then_some((p, guard))
+    }
+
     // ---------------------------------------------------------------- grouping
 
     pub(super) fn match_attention(&self, pv: usize) -> Option<AttnMatch> {
@@ -35,13 +64,22 @@ impl<'a> Fuser<'a> {
         if n.dtype != DType::F32 {
             return None;
         }
-        let (p, v) = (n.inputs[0].index(), n.inputs[1].index());
-        let sm = &self.g.nodes[p];
-        let Op::Softmax { axis } = sm.op else { return None };
-        if axis + 1 != self.shapes[p].len() || !self.single_use(p) {
+        let (mut p, v) = (n.inputs[0].index(), n.inputs[1].index());
+        let mut members = vec![pv];
+        let mut zero_nan_rows = false;
+        if let Some((sm, guard)) = self.nan_guard(p) {
+            members.extend(guard);
+            zero_nan_rows = true;
+            p = sm;
+        } else if !self.single_use(p) {
             return None;
         }
-        let mut members = vec![pv, p];
+        let sm = &self.g.nodes[p];
+        let Op::Softmax { axis } = sm.op else { return None };
+        if axis + 1 != self.shapes[p].len() || self.group_of[p].is_some() {
+            return None;
+        }
+        members.push(p);
         let mut mask = sm.inputs.get(1).map(|m| m.index());
         let mut scale = 1.0f32;
         let mut saw_scale = false;
@@ -112,7 +150,7 @@ impl<'a> Fuser<'a> {
         }
         members.sort_unstable();
         members.dedup();
-        Some(AttnMatch { qk, pv, q, k, v, scale, mask, members })
+        Some(AttnMatch { qk, pv, q, k, v, scale, mask, zero_nan_rows, members })
     }
 
     pub(super) fn build_attention(&mut self, am: &AttnMatch, inputs: &mut Vec<BufferView>) -> Result<(KernelOp, BufferView)> {
@@ -148,7 +186,7 @@ impl<'a> Fuser<'a> {
         };
         let out = self.alloc_output(am.pv, true);
         let out = out.reshape(&with([seq_q, v_dim])).ok_or_else(|| internal("attention output view"))?;
-        Ok((KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale: am.scale, mask }, out))
+        Ok((KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale: am.scale, mask, zero_nan_rows: am.zero_nan_rows }, out))
     }
 
 }

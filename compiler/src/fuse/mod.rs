@@ -68,6 +68,8 @@ struct AttnMatch {
     v: usize,
     scale: f32,
     mask: Option<usize>,
+    /// The softmax was guarded by `Where(IsNaN(p), 0, p)`.
+    zero_nan_rows: bool,
     members: Vec<usize>,
 }
 

@@ -1,6 +1,9 @@
 //! `simplify`: local algebraic rewrites, applied in one forward sweep that looks at the
 //! already-simplified producers (so chains collapse completely):
 //! - `reshape(x)` to x's own shape → `x`; `reshape(reshape(x))` → `reshape(x)`;
+//! - `reshape(transpose(reshape(x)))` where the inner reshape only regroups x's leading dims,
+//!   the transpose keeps those and the outer reshape restores them → one transpose of x
+//!   (exporters write a per-head transpose `[B,H,S,D]` → `[B·H,S,D]` → `[B·H,D,S]` → `[B,H,D,S]`);
 //! - identity transposes → `x`; `transpose(transpose(x))` → one transpose; a transpose that
 //!   only moves size-1 dims → a reshape (a free view);
 //! - `cast(x)` to x's own dtype → `x`; `neg(neg(x))` → `x`;
@@ -12,7 +15,7 @@
 //!
 //! Nodes left without users are removed by `dce`.
 
-use kiln_runtime::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
+use kiln_runtime::graph::{BinaryOp, Dim, Graph, Op, UnaryOp, ValueId};
 use kiln_runtime::Result;
 
 use super::{splat_const, Pass, PassCtx, Rewriter};
@@ -49,6 +52,42 @@ impl Pass for Simplify {
     }
 }
 
+fn fixed(shape: &[Dim]) -> Option<Vec<usize>> {
+    shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
+}
+
+/// `x = transpose(y, perm)`, `y = reshape(src)`, and a reshape of x to `out`: when y regroups
+/// src's leading dims (`src = A ++ T`, `y = B ++ T`, `∏A = ∏B`), perm keeps B in place and
+/// `out = A ++ perm(T)`, the whole chain is `transpose(src, id(A) ++ perm(T))`.
+fn regrouped_transpose(g: &Graph, x: ValueId, out: &[Dim]) -> Option<(ValueId, Vec<usize>)> {
+    let Op::Transpose { perm } = &g.node(x).op else { return None };
+    let y = g.node(x).inputs[0];
+    if !matches!(g.node(y).op, Op::Reshape) {
+        return None;
+    }
+    let src = g.node(y).inputs[0];
+    let (ss, ys, xs, os) = (fixed(&g.node(src).shape)?, fixed(&g.node(y).shape)?, fixed(&g.node(x).shape)?, fixed(out)?);
+    for b in 0..ys.len() {
+        if !is_identity(&perm[..b]) {
+            break;
+        }
+        let t = ys.len() - b;
+        if t > ss.len() || ss[ss.len() - t..] != ys[b..] {
+            continue;
+        }
+        let a = ss.len() - t;
+        if ss[..a].iter().product::<usize>() != ys[..b].iter().product::<usize>() {
+            continue;
+        }
+        if os[..] != [&ss[..a], &xs[b..]].concat()[..] {
+            continue;
+        }
+        let p: Vec<usize> = (0..a).chain(perm[b..].iter().map(|&j| j - b + a)).collect();
+        return Some((src, p));
+    }
+    None
+}
+
 /// The replacement of one node, or `None` to keep it (with mapped inputs).
 fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> Result<Option<ValueId>> {
     let g = &rw.new;
@@ -64,6 +103,9 @@ fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> 
                     return Ok(Some(src));
                 }
                 return rw.push(&n.name, Op::Reshape, vec![src], &n.shape).map(Some);
+            }
+            if let Some((src, perm)) = regrouped_transpose(g, x, &n.shape) {
+                return rw.push(&n.name, Op::Transpose { perm }, vec![src], &n.shape).map(Some);
             }
             Ok(None)
         }

@@ -13,7 +13,7 @@ use std::mem::offset_of;
 
 use cranelift_codegen::ir::types::I32;
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_kernels::attention::{attention_scratch_len, AttentionArgs, AttnDims};
+use kiln_kernels::attention::{attention_scratch_len, AttentionArgs, AttnDims, ATTN_ZERO_NAN_ROWS};
 use kiln_kernels::table::KernelTable;
 use kiln_runtime::DType;
 
@@ -40,6 +40,7 @@ pub(crate) fn emit_attention(
     v_dim: usize,
     scale: f32,
     mask: Option<usize>,
+    zero_nan_rows: bool,
 ) -> u32 {
     if batch.contains(&0) || seq_q == 0 || v_dim == 0 {
         return 1;
@@ -124,8 +125,8 @@ pub(crate) fn emit_attention(
     }
     let sc = fx.b.ins().f32const(scale);
     fx.b.ins().store(mf(), sc, args, offset_of!(AttentionArgs, scale) as i32);
-    let pad = fx.b.ins().iconst(I32, 0);
-    fx.b.ins().store(mf(), pad, args, offset_of!(AttentionArgs, _pad) as i32);
+    let flags = fx.b.ins().iconst(I32, if zero_nan_rows { i64::from(ATTN_ZERO_NAN_ROWS) } else { 0 });
+    fx.b.ins().store(mf(), flags, args, offset_of!(AttentionArgs, flags) as i32);
     let scr = fx.scratch_ptr(scr_off);
     fx.b.ins().store(mf(), scr, args, offset_of!(AttentionArgs, scratch) as i32);
     put(fx, offset_of!(AttentionArgs, scratch_len), (threads * per) as i64);

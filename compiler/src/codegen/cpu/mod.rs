@@ -83,8 +83,8 @@ fn build_kernel(env: &Env, isa: &CodegenIsa, ki: usize, k: &Kernel, fctx: &mut F
         }
         KernelOp::Norm { kind, eps, prologue, gamma, beta } => norm::emit_norm(&mut fx, k, *kind, *eps, prologue, *gamma, *beta),
         KernelOp::Softmax { prologue } => softmax::emit_softmax(&mut fx, k, prologue),
-        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask } => {
-            attention::emit_attention(&mut fx, k, batch, *seq_q, *seq_kv, *head_dim, *v_dim, *scale, *mask)
+        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask, zero_nan_rows } => {
+            attention::emit_attention(&mut fx, k, batch, *seq_q, *seq_kv, *head_dim, *v_dim, *scale, *mask, *zero_nan_rows)
         }
         KernelOp::Gather => gather::emit_gather(&mut fx, k),
         KernelOp::Reduce { op, shape, reduced_dims, prologue } => {

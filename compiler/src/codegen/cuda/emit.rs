@@ -554,8 +554,8 @@ fn emit_kernel_body(ctx: &Ctx, target: &CudaTarget) -> Result<Body> {
             emit_row(ctx, RowKind::Norm { kind: *kind, eps: *eps, gamma: *gamma, beta: *beta }, prologue)
         }
         KernelOp::Softmax { prologue } => emit_row(ctx, RowKind::Softmax, prologue),
-        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask } => {
-            emit_attention(ctx, batch, *seq_q, *seq_kv, *head_dim, *v_dim, *scale, *mask)
+        KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, scale, mask, zero_nan_rows } => {
+            emit_attention(ctx, batch, *seq_q, *seq_kv, *head_dim, *v_dim, *scale, *mask, *zero_nan_rows)
         }
         KernelOp::Gather => emit_gather(ctx),
         KernelOp::Reduce { op, shape, reduced_dims, prologue } => emit_reduce(ctx, *op, shape, *reduced_dims, prologue),
@@ -1089,6 +1089,7 @@ fn emit_attention(
     dv: usize,
     scale: f32,
     mask: Option<usize>,
+    zero_nan_rows: bool,
 ) -> Result<Body> {
     let k = ctx.kernel;
     let bshape = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
@@ -1130,6 +1131,17 @@ fn emit_attention(
         ),
         None => "                    (void)0;".to_string(),
     };
+    // A row whose probabilities are NaN becomes Σ_j 0·V[j] (NaN only where V is not finite), as
+    // the guard `Where(IsNaN(p), 0, p)` before P·V gives on the reference; so does a fully
+    // masked row (sum 0), whose softmax is NaN there too.
+    let nan_rows = if zero_nan_rows {
+        format!(
+            "        if (isnan(l_i[r]) || l_i[r] == 0.0f) {{\n            l_i[r] = 1.0f;\n#pragma unroll\n            for (int dd = 0; dd < {lanes}; ++dd) {{\n                const unsigned d = lane + 32u * (unsigned)dd;\n                float z = 0.0f;\n                if (d < {dv}u)\n                    for (unsigned kj = 0; kj < {skv}u; ++kj) z = fmaf(0.0f, {v_load}, z);\n                o[r][dd] = z;\n            }}\n        }}\n",
+            lanes = dv.div_ceil(32)
+        )
+    } else {
+        String::new()
+    };
     let otail = tails.last().expect("output tail");
     let store = format!("                {}", ctx.store_f32(k.output.buffer, &ctx.tail_index("o_base", otail, &s2("qi", "d")), "v"));
     let source = specialize(
@@ -1149,6 +1161,7 @@ fn emit_attention(
             ("V_LOAD", v_load),
             ("SCALE", f32_lit(scale)),
             ("MASK", mask_code),
+            ("NAN_ROWS", nan_rows),
             ("STORE", store),
         ],
     )?;
