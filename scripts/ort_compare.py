@@ -9,8 +9,11 @@ bucket times onnxruntime (intra-op threads = --threads, all graph optimizations)
 prints per bucket the best median of each side and the ratio kiln/ORT (best-of-rounds keeps
 the comparison meaningful on a machine shared with other work).
 
-Usage: python3 scripts/ort_compare.py [--model DIR] [--buckets 1x16,1x128,...] [--threads 2]
-                                      [--runs 30] [--rounds 3] [--kiln target/release/kiln]
+Usage: python3 scripts/ort_compare.py [--model DIR | --onnx FILE] [--buckets 1x16,1x128,...]
+                                      [--threads 2] [--runs 30] [--rounds 3] [--kiln target/release/kiln]
+
+With --onnx FILE both sides run that file: onnxruntime loads it, kiln imports it
+(`kiln bench --onnx FILE`); the inputs are the model's own (ids, an all-ones mask, zero token types).
 
 onnx, onnxruntime and numpy are installed on first use into target/ort-venv (pip), and the
 script re-runs itself there.
@@ -155,6 +158,7 @@ def build_model(model_dir):
 
 
 def session(model, threads):
+    """A session over an onnx ModelProto or a file path."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -162,7 +166,8 @@ def session(model, threads):
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    src = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
 def feeds(batch, seq):
@@ -188,7 +193,8 @@ def check_golden(sess):
 
 
 def time_ort(sess, batch, seq, runs):
-    f = feeds(batch, seq)
+    names = {i.name for i in sess.get_inputs()}
+    f = {k: v for k, v in feeds(batch, seq).items() if k in names}
     t0 = time.perf_counter()
     n = 0
     while n < 3 or (time.perf_counter() - t0 < 0.5 and n < 50):
@@ -203,8 +209,8 @@ def time_ort(sess, batch, seq, runs):
     return ms[len(ms) // 2]
 
 
-def time_kiln(kiln, model_dir, bucket, threads, runs):
-    cmd = [kiln, "bench", "--model", model_dir, "--bucket", bucket, "--backend", "cpu", "--threads", str(threads), "--runs", str(runs)]
+def time_kiln(kiln, source, bucket, threads, runs):
+    cmd = [kiln, "bench", *source, "--bucket", bucket, "--backend", "cpu", "--threads", str(threads), "--runs", str(runs)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     med = re.search(r"median ([0-9.]+) ms", out)
     low = re.search(r"lowering ([0-9.]+) ms", out)
@@ -222,22 +228,28 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median of each side is kept")
+    ap.add_argument("--onnx", help="time this ONNX file on both sides instead of the model kiln builds")
     args = ap.parse_args()
     if not os.path.exists(args.kiln):
         subprocess.check_call(["cargo", "build", "--release", "--bin", "kiln"], cwd=ROOT)
     import onnxruntime as ort
 
-    model = build_model(args.model)
-    sess = session(model, args.threads)
-    err = check_golden(sess)
-    print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")
+    if args.onnx:
+        sess = session(os.path.abspath(args.onnx), args.threads)
+        source = ["--onnx", os.path.abspath(args.onnx)]
+        print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); both sides run {args.onnx}")
+    else:
+        sess = session(build_model(args.model), args.threads)
+        source = ["--model", args.model]
+        err = check_golden(sess)
+        print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")
     print(f"{'bucket':>8} {'kiln ms':>10} {'ORT ms':>10} {'kiln/ORT':>9} {'kiln lowering ms':>17}   (best median of {args.rounds} alternating rounds)")
     for b in args.buckets.split(","):
         batch, seq = (int(x) for x in b.split("x"))
         best_ort, best_kiln, low = float("inf"), float("inf"), float("nan")
         for _ in range(max(1, args.rounds)):
             best_ort = min(best_ort, time_ort(sess, batch, seq, args.runs))
-            k, low = time_kiln(args.kiln, args.model, b, args.threads, args.runs)
+            k, low = time_kiln(args.kiln, source, b, args.threads, args.runs)
             best_kiln = min(best_kiln, k)
         print(f"{b:>8} {best_kiln:10.3f} {best_ort:10.3f} {best_kiln / best_ort:9.3f} {low:17.1f}", flush=True)
 

@@ -117,6 +117,9 @@ enum Cmd {
     Bench {
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Time an ONNX model instead (cpu backend; each bucket imported, uploaded and lowered).
+        #[arg(long, conflicts_with = "model")]
+        onnx: Option<PathBuf>,
         /// Buckets, e.g. `1x128,8x128` (batch x seq).
         #[arg(long, value_delimiter = ',', default_value = "1x128")]
         bucket: Vec<String>,
@@ -335,15 +338,45 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Bench { model, bucket, backend, threads, runs, profile } => bench(model, &bucket, backend, threads, runs, profile),
+        Cmd::Bench { model, onnx, bucket, backend, threads, runs, profile } => bench(model, onnx, &bucket, backend, threads, runs, profile),
     }
 }
 
 /// `kiln bench`: lowers each bucket once, warms up, then times `runs` forward passes; prints the
 /// median and the matmul GFLOP/s, against this machine's measured FMA peak on the CPU.
-fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threads: Option<usize>, runs: usize, profile: bool) -> Result<()> {
+fn bench(
+    model: Option<PathBuf>,
+    onnx: Option<PathBuf>,
+    buckets: &[String],
+    backend: BackendKind,
+    threads: Option<usize>,
+    runs: usize,
+    profile: bool,
+) -> Result<()> {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::Threads;
+    if let Some(file) = onnx {
+        if !matches!(backend, BackendKind::Cpu) {
+            return Err(Error::Unsupported("kiln bench --onnx times the cpu backend only".into()));
+        }
+        let threads = match threads {
+            None => Threads::Auto,
+            Some(1) => Threads::Single,
+            Some(n) => Threads::Count(n),
+        };
+        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+        let peak = print_peak(be.threads());
+        let m = kiln_compiler::frontends::onnx::OnnxModel::open(&file, &[])?;
+        let iface = m.signature()?.graph();
+        for b in buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()? {
+            let g = m.graph_for(b)?;
+            let t = std::time::Instant::now();
+            let w = be.upload(&m.weights(&g)?, &g)?;
+            println!("bucket {b}: import + upload {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            bench_cpu_bucket(&be, &w, &g, &iface, b, runs, peak, profile)?;
+        }
+        return Ok(());
+    }
     let dir = resolve_model(model)?;
     let m = SentenceModel::open(&dir, BertOutputs::default())?;
     let weights = m.load_weights()?;
@@ -358,43 +391,19 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                 Some(n) => Threads::Count(n),
             };
             let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
-            let peak = kiln_kernels::peak::fma_peak_gflops(be.threads(), 10, 15.0);
-            match peak {
-                Some(p) => println!("FMA peak (measured, {} thread(s), register-only ymm FMA loop): {p:.1} GFLOP/s", be.threads()),
-                None => println!("FMA peak: not measured (no AVX2+FMA)"),
-            }
+            let peak = print_peak(be.threads());
             let t = std::time::Instant::now();
             let w = be.upload(&weights, &m.graph)?;
             println!("upload (weights transposed/packed once): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             for b in buckets {
-                let (mut plan, t) = be.lower_timed(&w, &m.graph, b)?;
-                println!(
-                    "bucket {b}: lowering {:.1} ms (middle-end {:.1}, codegen {:.1}, load + weight prep {:.1})",
-                    t.pipeline_ms + t.codegen_ms + t.load_ms,
-                    t.pipeline_ms,
-                    t.codegen_ms,
-                    t.load_ms
-                );
-                let ms = bench_runs(&be, &mut plan, &m.graph, b, runs, be.threads())?;
-                print_gflops(b, flops(b)?, ms, peak);
-                if profile {
-                    let seqs = vec![vec![101i64; b.seq]; b.batch];
-                    let batch = kiln_runtime::Batch::from_token_ids(&m.graph, &seqs)?;
-                    let mut out = kiln_runtime::Outputs::for_bucket(&m.graph, b);
-                    let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
-                    let total: f64 = p.iter().map(|x| x.1).sum();
-                    p.sort_by(|a, b| b.1.total_cmp(&a.1));
-                    for (name, ms) in p.iter() {
-                        println!("  {ms:9.3} ms {:5.1}%  {name}", 100.0 * ms / total);
-                    }
-                }
+                bench_cpu_bucket(&be, &w, &m.graph, &m.graph, b, runs, peak, profile)?;
             }
         }
         BackendKind::Reference => {
             let w = ReferenceBackend.upload(&weights, &m.graph)?;
             for b in buckets {
                 let mut plan = ReferenceBackend.lower(&w, &m.graph, b)?;
-                let ms = bench_runs(&ReferenceBackend, &mut plan, &m.graph, b, runs, 1)?;
+                let ms = bench_runs(&ReferenceBackend, &mut plan, &m.graph, &m.graph, b, runs, 1)?;
                 print_gflops(b, flops(b)?, ms, None);
             }
         }
@@ -409,9 +418,54 @@ fn bench(model: Option<PathBuf>, buckets: &[String], backend: BackendKind, threa
                 let t = std::time::Instant::now();
                 let mut plan = be.lower(&w, &m.graph, b)?;
                 println!("bucket {b}: lowering {:.1} ms (middle-end, CUDA C, NVRTC, load)", t.elapsed().as_secs_f64() * 1e3);
-                let ms = bench_runs(&be, &mut plan, &m.graph, b, runs, 1)?;
+                let ms = bench_runs(&be, &mut plan, &m.graph, &m.graph, b, runs, 1)?;
                 print_gflops(b, flops(b)?, ms, None);
             }
+        }
+    }
+    Ok(())
+}
+
+/// Measures and prints this machine's FMA peak for `threads` threads.
+fn print_peak(threads: usize) -> Option<f64> {
+    let peak = kiln_kernels::peak::fma_peak_gflops(threads, 10, 15.0);
+    match peak {
+        Some(p) => println!("FMA peak (measured, {threads} thread(s), register-only ymm FMA loop): {p:.1} GFLOP/s"),
+        None => println!("FMA peak: not measured (no AVX2+FMA)"),
+    }
+    peak
+}
+
+/// One bucket on the CPU: lowering times, the timed runs, GFLOP/s and (with `profile`) the time
+/// of every kernel.
+fn bench_cpu_bucket(
+    be: &kiln_compiler::backends::cpu::CpuBackend,
+    w: &<kiln_compiler::backends::cpu::CpuBackend as Backend>::Weights,
+    graph: &kiln_runtime::Graph,
+    inputs: &kiln_runtime::Graph,
+    b: Bucket,
+    runs: usize,
+    peak: Option<f64>,
+    profile: bool,
+) -> Result<()> {
+    let (mut plan, t) = be.lower_timed(w, graph, b)?;
+    println!(
+        "bucket {b}: lowering {:.1} ms (middle-end {:.1}, codegen {:.1}, load + weight prep {:.1})",
+        t.pipeline_ms + t.codegen_ms + t.load_ms,
+        t.pipeline_ms,
+        t.codegen_ms,
+        t.load_ms
+    );
+    let ms = bench_runs(be, &mut plan, graph, inputs, b, runs, be.threads())?;
+    print_gflops(b, pipeline::compile_report(graph, b)?.matmul_flops as f64, ms, peak);
+    if profile {
+        let batch = kiln_runtime::Batch::from_token_ids(inputs, &bench_token_ids(b))?;
+        let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
+        let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
+        let total: f64 = p.iter().map(|x| x.1).sum();
+        p.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (name, ms) in p.iter() {
+            println!("  {ms:9.3} ms {:5.1}%  {name}", 100.0 * ms / total);
         }
     }
     Ok(())
@@ -430,8 +484,18 @@ fn print_gflops(b: Bucket, flops: f64, median_ms: f64, peak: Option<f64>) {
 }
 
 /// Times `runs` forward passes after a warm-up; prints and returns the median in ms.
-fn bench_runs<B: Backend>(be: &B, plan: &mut B::Plan, graph: &kiln_runtime::Graph, b: Bucket, runs: usize, threads: usize) -> Result<f64> {
-    let batch = kiln_runtime::Batch::from_token_ids(graph, &bench_token_ids(b))?;
+/// `inputs` is the graph whose `[batch, seq]` inputs the token ids fill (an ONNX bucket's import
+/// has fixed dims: its model's interface graph is passed).
+fn bench_runs<B: Backend>(
+    be: &B,
+    plan: &mut B::Plan,
+    graph: &kiln_runtime::Graph,
+    inputs: &kiln_runtime::Graph,
+    b: Bucket,
+    runs: usize,
+    threads: usize,
+) -> Result<f64> {
+    let batch = kiln_runtime::Batch::from_token_ids(inputs, &bench_token_ids(b))?;
     let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
     let warm = std::time::Instant::now();
     let mut warmups = 0;
