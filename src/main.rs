@@ -438,6 +438,7 @@ fn print_peak(threads: usize) -> Option<f64> {
 
 /// One bucket on the CPU: lowering times, the timed runs, GFLOP/s and (with `profile`) the time
 /// of every kernel.
+#[allow(clippy::too_many_arguments)]
 fn bench_cpu_bucket(
     be: &kiln_compiler::backends::cpu::CpuBackend,
     w: &<kiln_compiler::backends::cpu::CpuBackend as Backend>::Weights,
