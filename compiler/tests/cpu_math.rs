@@ -12,6 +12,8 @@
 //! | gelu     | [-10, 10]      | abs 1.9e-7; relative 1.9e-7 for x > 0       | 5e-7 abs and rel|
 //! | erf      | [-6, 6]        | abs 3.6e-7 (recovered from gelu, |x| ≥ 1)   | 6e-7 abs        |
 //! | silu     | [-20, 20]      | abs 1.2e-7                                  | 5e-7 abs        |
+//! | log      | [1e-38, 1e38] (log-spaced), [0.5, 2] | relative 7.6e-8; abs 3.9e-8 on [0.5, 2] | 3e-7 rel, 2e-7 abs |
+//! | softplus | [-30, 30]      | relative 2.1e-7                             | 5e-7 relative   |
 //!
 //! Beyond the clamps (exp: 88.72 / -104; erf: ±4; tanh: ±9) results are exactly inf/0/±1.
 
@@ -117,6 +119,32 @@ fn silu_is_accurate() {
 }
 
 #[test]
+fn log_is_accurate() {
+    // Log-spaced over the normal range, and dense around 1 where log is small.
+    let n = (1 << 20) + 3;
+    let xs: Vec<f32> = (0..n).map(|i| (10f64).powf(-38.0 + 76.0 * i as f64 / (n - 1) as f64) as f32).collect();
+    let (_, rel, at) = errors(&xs, &run_unary(UnaryOp::Log, &xs), f64::ln);
+    println!("log: max rel {rel:.3e} at {at}");
+    assert!(rel <= 3e-7, "log relative error {rel:e} at {at}");
+    let xs = sweep(0.5, 2.0);
+    let (abs, _, _) = errors(&xs, &run_unary(UnaryOp::Log, &xs), f64::ln);
+    println!("log near 1: max abs {abs:.3e}");
+    assert!(abs <= 2e-7, "log absolute error {abs:e} near 1");
+    // Subnormals (scaled into the normal range first).
+    let xs = [1e-45f32, 3e-39, 1e-40, f32::MIN_POSITIVE];
+    let (_, rel, at) = errors(&xs, &run_unary(UnaryOp::Log, &xs), f64::ln);
+    assert!(rel <= 3e-7, "log of subnormals: relative error {rel:e} at {at}");
+}
+
+#[test]
+fn softplus_is_accurate() {
+    let xs = sweep(-30.0, 30.0);
+    let (_, rel, at) = errors(&xs, &run_unary(UnaryOp::Softplus, &xs), |x| x.exp().ln_1p());
+    println!("softplus: max rel {rel:.3e} at {at}");
+    assert!(rel <= 5e-7, "softplus relative error {rel:e} at {at}");
+}
+
+#[test]
 fn special_values() {
     let xs = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 100.0, -200.0, 88.8];
     let e = run_unary(UnaryOp::Exp, &xs);
@@ -130,6 +158,12 @@ fn special_values() {
     assert_eq!(g[3], 0.0);
     assert_eq!(g[5], 100.0);
     assert_eq!(g[6], 0.0);
+    let l = run_unary(UnaryOp::Log, &xs);
+    assert!(l[0].is_nan() && l[2].is_nan() && l[6].is_nan());
+    assert_eq!([l[1], l[3], l[4]], [f32::INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+    let s = run_unary(UnaryOp::Softplus, &xs);
+    assert!(s[0].is_nan());
+    assert_eq!([s[1], s[2], s[5], s[6]], [f32::INFINITY, 0.0, 100.0, 0.0]);
     let r = run_unary(UnaryOp::Relu, &[f32::NAN, -1.0, 2.0, -0.0, 3.0]);
     assert!(r[0].is_nan());
     assert_eq!(&r[1..], &[0.0, 2.0, -0.0, 3.0]);

@@ -94,12 +94,12 @@ fn binary_symbolic_shapes_and_scalar_constant() {
 #[test]
 fn unary_ops() {
     use UnaryOp::*;
-    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs];
+    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus];
     // Every op has its values here, computed independently of `kiln_compiler::ops`.
     assert_eq!(ops.len(), kiln_compiler::ops::unary::ALL.len());
     let g = graph_of(&[&[3]], |g, x| ops.iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
     let out = interpret(&g, &[], &[f32t(&[3], &[1., -1., 4.])], B11).unwrap();
-    let want: [[f64; 3]; 13] = [
+    let want: [[f64; 3]; 15] = [
         // x * Φ(x): Φ(1) = 0.8413447460685429, Φ(4) = 0.9999683287581669
         [0.8413447460685429, -0.15865525393145707, 3.9998733150326676],
         [0.7615941559557649, -0.7615941559557649, 0.999329299739067],
@@ -118,6 +118,9 @@ fn unary_ops() {
         // erf (Python's math.erf)
         [0.8427007929497149, -0.8427007929497149, 0.9999999845827421],
         [1., 1., 4.],
+        [0., f64::NAN, 1.3862943611198906],
+        // Python's math.log1p(math.exp(x))
+        [1.3132616875182228, 0.31326168751822286, 4.0181499279178094],
     ];
     for (k, w) in want.iter().enumerate() {
         let got = out[k].data.to_f64_vec();

@@ -121,6 +121,10 @@ pub enum UnaryOp {
     Erf,
     /// |x| (|-0| = +0).
     Abs,
+    /// The natural logarithm (NaN below 0, -inf at ±0).
+    Log,
+    /// ln(1 + e^x), computed without overflow.
+    Softplus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -14,6 +14,7 @@ pub trait Float: Copy + PartialOrd + std::ops::Add<Output = Self> + std::ops::Su
     fn sqrt(self) -> Self;
     fn trunc(self) -> Self;
     fn exp(self) -> Self;
+    fn ln(self) -> Self;
     fn erf(self) -> Self;
     fn tanh(self) -> Self;
     fn is_nan(self) -> bool;
@@ -40,6 +41,9 @@ macro_rules! float {
             }
             fn exp(self) -> Self {
                 <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
             }
             fn erf(self) -> Self {
                 $erf(self)
@@ -130,6 +134,9 @@ impl<T: Float> Prims for Host<T> {
     }
     fn exp(&mut self, a: T) -> T {
         a.exp()
+    }
+    fn log(&mut self, a: T) -> T {
+        a.ln()
     }
     fn erf(&mut self, a: T) -> T {
         a.erf()

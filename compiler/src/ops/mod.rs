@@ -13,7 +13,8 @@
 //!
 //! Adding a unary op is three files: its variant in the graph's `UnaryOp`, its formula (and
 //! test domain) in [`unary`], and its test. A new *primitive* (say `log`) is the only thing each
-//! interpreter has to learn.
+//! interpreter has to learn (`log` was one: `eval`'s `ln`, `codegen/cpu/math.rs`'s polynomial,
+//! CUDA's `logf`).
 //!
 //! Why a formula over primitives (a "tagless" interpreter) rather than one function per backend
 //! per op: tract gives each op a struct that owns its eval and its rewrites, which still leaves
@@ -29,6 +30,7 @@
 //! | `add sub mul div fma neg sqrt` | NaN out | IEEE 754 | IEEE 754 |
 //! | `max`, `min` | NaN out if either operand is NaN | ordered | -0 < +0 (`max(-0,+0) = +0`, `min = -0`) |
 //! | `exp` | NaN | `exp(+inf) = +inf`, `exp(-inf) = +0` | `exp(-0) = 1` |
+//! | `log` | NaN (and for x < 0) | `log(+inf) = +inf` | `log(±0) = -inf` |
 //! | `erf`, `tanh` | NaN | `±1` | `-0` (odd functions keep the sign) |
 //! | `lt`, `ne` (masks) | `lt` false, `ne` true | ordered | `-0 == +0` |
 //! | `select(m, a, b)` | — | — | — |
@@ -65,6 +67,8 @@ pub trait Prims {
     /// Rounds toward zero (integer division).
     fn trunc(&mut self, a: Self::V) -> Self::V;
     fn exp(&mut self, a: Self::V) -> Self::V;
+    /// Natural logarithm.
+    fn log(&mut self, a: Self::V) -> Self::V;
     fn erf(&mut self, a: Self::V) -> Self::V;
     fn tanh(&mut self, a: Self::V) -> Self::V;
     /// `a < b` (false when either is NaN).

@@ -6,7 +6,7 @@ use kiln_runtime::graph::UnaryOp;
 use super::Prims;
 
 /// Every unary op, for tests and random graphs.
-pub const ALL: [UnaryOp; 13] = [
+pub const ALL: [UnaryOp; 15] = [
     UnaryOp::Gelu,
     UnaryOp::Tanh,
     UnaryOp::Relu,
@@ -20,6 +20,8 @@ pub const ALL: [UnaryOp; 13] = [
     UnaryOp::Sigmoid,
     UnaryOp::Erf,
     UnaryOp::Abs,
+    UnaryOp::Log,
+    UnaryOp::Softplus,
 ];
 
 /// The inputs on which random tests exercise an op with finite, well-conditioned results.
@@ -36,7 +38,7 @@ pub enum Domain {
 pub fn domain(op: UnaryOp) -> Domain {
     match op {
         UnaryOp::Exp => Domain::Bounded,
-        UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => Domain::Positive,
+        UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip | UnaryOp::Log => Domain::Positive,
         _ => Domain::Any,
     }
 }
@@ -103,6 +105,27 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             p.max(x, nx)
         }
         UnaryOp::Exp => p.exp(x),
+        UnaryOp::Log => p.log(x),
+        // max(x, 0) + log1p(e^-|x|): no overflow for large x, and log1p(u) as
+        // `log(1+u)·u / ((1+u) - 1)` (exact where 1+u rounds, u itself where 1+u == 1), so
+        // softplus(-20) is e^-20, not 0. NaN stays NaN; softplus(+inf) = inf, softplus(-inf) = 0.
+        UnaryOp::Softplus => {
+            let zero = p.c(0.0);
+            let pos = p.max(x, zero);
+            let nx = p.neg(x);
+            let ax = p.max(x, nx);
+            let nax = p.neg(ax);
+            let u = p.exp(nax);
+            let one = p.c(1.0);
+            let t = p.add(one, u);
+            let d = p.sub(t, one);
+            let l = p.log(t);
+            let lu = p.mul(l, u);
+            let q = p.div(lu, d);
+            let rounds = p.ne(d, zero);
+            let l1p = p.select(rounds, q, u);
+            p.add(pos, l1p)
+        }
         UnaryOp::Sqrt => p.sqrt(x),
         UnaryOp::Rsqrt => {
             let s = p.sqrt(x);

@@ -82,6 +82,9 @@ impl Prims for ClifPrims<'_, '_, '_> {
     fn exp(&mut self, a: Value) -> Value {
         math::exp(self.fx, a)
     }
+    fn log(&mut self, a: Value) -> Value {
+        math::log(self.fx, a)
+    }
     fn erf(&mut self, a: Value) -> Value {
         math::erf(self.fx, a)
     }

@@ -8,6 +8,9 @@
 //!   results down to the subnormal range are right. `x > 88.72` → +inf, `x < -104` → 0.
 //! - `erf`: `x·N(x²)/D(x²)` (degree 13/10) on [-4, 4], clamped to ±1.
 //! - `tanh`: `x·N(x²)/D(x²)` (degree 11/10) on [-9, 9], clamped to ±1.
+//! - `log`: Cephes' `logf`: subnormals scaled by 2²³, `x = m·2ᵉ` with m in [√½, √2),
+//!   `log(m) = f - f²/2 + f³·P(f)` (f = m - 1, P of degree 8), plus `e·ln2` in two parts.
+//!   `log(±0) = -inf`, `log(+inf) = +inf`, `log(x < 0) = NaN`.
 //! - GELU, SiLU and the other ops built on these are formulas in `crate::ops`.
 //!
 //! NaN in gives NaN out; beyond the clamps results are exactly inf/0/±1. Maximum errors
@@ -38,6 +41,20 @@ const ERF_D: [f32; 5] = [0.497_466_7, 0.113_958_81, 0.015_462_125, 0.001_307_565
 const TANH_CLAMP: f32 = 9.0;
 const TANH_N: [f32; 6] = [1.0, 0.140_999_47, 0.004_426_931_5, 4.229_911_8e-5, 1.113_224_6e-7, 3.683_634_6e-11];
 const TANH_D: [f32; 5] = [0.474_332_8, 0.029_204_53, 0.000_501_023_4, 2.606_217_5e-6, 2.956_620_5e-9];
+
+const LOG_P: [f32; 9] = [
+    3.333_333e-1,
+    -2.499_999_4e-1,
+    2.000_071_4e-1,
+    -1.666_805_8e-1,
+    1.424_932_3e-1,
+    -1.242_014_1e-1,
+    1.167_699_9e-1,
+    -1.151_461e-1,
+    7.037_683_6e-2,
+];
+/// 2²³ as a float; its bit pattern ORed with a small integer k reads as 2²³ + k.
+const TWO23: f32 = 8_388_608.0;
 
 fn width(fx: &Fx, x: Value) -> usize {
     if fx.b.func.dfg.value_type(x).is_vector() {
@@ -142,4 +159,64 @@ pub(crate) fn erf(fx: &mut Fx, x: Value) -> Value {
 /// tanh(x).
 pub(crate) fn tanh(fx: &mut Fx, x: Value) -> Value {
     odd_rational(fx, x, TANH_CLAMP, &TANH_N, &TANH_D)
+}
+
+/// ln(x).
+pub(crate) fn log(fx: &mut Fx, x: Value) -> Value {
+    let w = width(fx, x);
+    // Subnormals: scale into the normal range first, and take 23 off the exponent.
+    let minpos = fx.fconst(f32::MIN_POSITIVE, w);
+    let sub = fx.fcmp(FloatCC::LessThan, x, minpos);
+    let scale = fx.fconst(TWO23, w);
+    let xs = fx.b.ins().fmul(x, scale);
+    let xs = fx.sel(sub, xs, x);
+    let m23 = fx.fconst(-23.0, w);
+    let zero = fx.fconst(0.0, w);
+    let eadj = fx.sel(sub, m23, zero);
+    // The biased exponent field (0..=255) as a float: OR it into 2²³'s mantissa and subtract 2²³.
+    let xb = fx.bits_to_int(xs);
+    let ef = fx.b.ins().ushr_imm_s(xb, 23);
+    let two23 = fx.iconst_w(TWO23.to_bits() as i32, w);
+    let ef = fx.b.ins().bor(ef, two23);
+    let ef = fx.bits_to_float(ef);
+    let bias = fx.fconst(TWO23 + 127.0, w);
+    let e = fx.b.ins().fsub(ef, bias);
+    let e = fx.b.ins().fadd(e, eadj);
+    // The mantissa in [1, 2), then in [√½, √2).
+    let mmask = fx.iconst_w(0x007f_ffff, w);
+    let mb = fx.b.ins().band(xb, mmask);
+    let onebits = fx.iconst_w(1.0f32.to_bits() as i32, w);
+    let mb = fx.b.ins().bor(mb, onebits);
+    let m = fx.bits_to_float(mb);
+    let sqrt2 = fx.fconst(std::f32::consts::SQRT_2, w);
+    let big = fx.fcmp(FloatCC::GreaterThan, m, sqrt2);
+    let half = fx.fconst(0.5, w);
+    let mh = fx.b.ins().fmul(m, half);
+    let m = fx.sel(big, mh, m);
+    let one = fx.fconst(1.0, w);
+    let e1 = fx.b.ins().fadd(e, one);
+    let e = fx.sel(big, e1, e);
+    let f = fx.b.ins().fsub(m, one);
+    let z = fx.b.ins().fmul(f, f);
+    let p = horner(fx, f, &LOG_P, w);
+    let fz = fx.b.ins().fmul(f, z);
+    let y = fx.b.ins().fmul(fz, p);
+    let ln2lo = fx.fconst(LN2_LO, w);
+    let y = fx.fma(e, ln2lo, y);
+    let mhalf = fx.fconst(-0.5, w);
+    let y = fx.fma(z, mhalf, y);
+    let r = fx.b.ins().fadd(f, y);
+    let ln2hi = fx.fconst(LN2_HI, w);
+    let r = fx.fma(e, ln2hi, r);
+    // Special values: +inf stays, ±0 → -inf, x < 0 (and NaN) → NaN.
+    let inf = fx.fconst(f32::INFINITY, w);
+    let is_inf = fx.fcmp(FloatCC::Equal, x, inf);
+    let r = fx.sel(is_inf, inf, r);
+    let is_zero = fx.fcmp(FloatCC::Equal, x, zero);
+    let ninf = fx.fconst(f32::NEG_INFINITY, w);
+    let r = fx.sel(is_zero, ninf, r);
+    let neg = fx.fcmp(FloatCC::LessThan, x, zero);
+    let nan = fx.fconst(f32::NAN, w);
+    let r = fx.sel(neg, nan, r);
+    keep_nan(fx, x, r)
 }

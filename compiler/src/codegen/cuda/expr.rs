@@ -96,6 +96,9 @@ impl Prims for CudaPrims {
     fn exp(&mut self, a: usize) -> usize {
         self.call("expf", &[a])
     }
+    fn log(&mut self, a: usize) -> usize {
+        self.call("logf", &[a])
+    }
     fn erf(&mut self, a: usize) -> usize {
         self.call("erff", &[a])
     }

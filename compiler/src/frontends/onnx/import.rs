@@ -256,6 +256,120 @@ impl<'m> Importer<'m> {
         self.push(name, Op::Cast { to: DType::I64 }, vec![r])
     }
 
+    /// `x^y` for an exponent known only at run time, in f32: `exp(y·log|x|)`, negated where
+    /// x < 0 and y is an odd integer, NaN where x < 0 and y is not an integer, 1 where y = 0
+    /// (as C's `pow`). Integer and fractional parts come from casts to i64 (truncation).
+    fn pow_general(&mut self, name: &str, x: ValueId, y: ValueId) -> R<ValueId> {
+        let dx = self.dtype(&Val::Node(x));
+        let f32_of = |s: &mut Self, v: ValueId| -> R<ValueId> {
+            if s.dtype(&Val::Node(v)) == DType::F32 {
+                return Ok(v);
+            }
+            s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![v])
+        };
+        let (xf, yf) = (f32_of(self, x)?, f32_of(self, y)?);
+        let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.push(&s.fresh(name), Op::Binary(op), vec![a, b]);
+        let un = |s: &mut Self, op: UnaryOp, a: ValueId| s.push(&s.fresh(name), Op::Unary(op), vec![a]);
+        let cast = |s: &mut Self, to: DType, a: ValueId| s.push(&s.fresh(name), Op::Cast { to }, vec![a]);
+        let a = un(self, UnaryOp::Abs, xf)?;
+        let l = un(self, UnaryOp::Log, a)?;
+        let pl = bin(self, BinaryOp::Mul, yf, l)?;
+        let r = un(self, UnaryOp::Exp, pl)?;
+        let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+        let two = self.scalar(&self.fresh(name), 2.0, DType::F32)?;
+        let yi = cast(self, DType::I64, yf)?;
+        let yt = cast(self, DType::F32, yi)?;
+        let frac = bin(self, BinaryOp::Ne, yt, yf)?;
+        let h = bin(self, BinaryOp::Div, yt, two)?;
+        let hi = cast(self, DType::I64, h)?;
+        let hf = cast(self, DType::F32, hi)?;
+        let h2 = bin(self, BinaryOp::Mul, hf, two)?;
+        let rem = bin(self, BinaryOp::Sub, yt, h2)?;
+        let odd = bin(self, BinaryOp::Ne, rem, zero)?;
+        let neg = bin(self, BinaryOp::Lt, xf, zero)?;
+        let neg_odd = bin(self, BinaryOp::Mul, neg, odd)?;
+        let neg_odd = self.as_bool(&self.fresh(name), neg_odd)?;
+        let nr = un(self, UnaryOp::Neg, r)?;
+        let r = self.push(&self.fresh(name), Op::Where, vec![neg_odd, nr, r])?;
+        let neg_frac = bin(self, BinaryOp::Mul, neg, frac)?;
+        let neg_frac = self.as_bool(&self.fresh(name), neg_frac)?;
+        let nan = self.scalar(&self.fresh(name), f32::NAN, DType::F32)?;
+        let r = self.push(&self.fresh(name), Op::Where, vec![neg_frac, nan, r])?;
+        let y0 = bin(self, BinaryOp::Eq, yf, zero)?;
+        let y0 = self.as_bool(&self.fresh(name), y0)?;
+        let one = self.scalar(&self.fresh(name), 1.0, DType::F32)?;
+        if dx == DType::F32 {
+            return self.push(name, Op::Where, vec![y0, one, r]);
+        }
+        let r = self.push(&self.fresh(name), Op::Where, vec![y0, one, r])?;
+        self.push(name, Op::Cast { to: dx }, vec![r])
+    }
+
+    /// GatherND (batch_dims 0) by run-time indices `[.., k]`: the flat row index
+    /// `Σ_d wrap(i_d)·stride_d` over data's first k dims, computed in f32 (exact below 2^24
+    /// rows), then one kiln Gather of the data seen as `[rows, rest]`.
+    fn gather_nd(&mut self, name: &str, data: ValueId, ds: &[usize], idx: ValueId) -> R<ValueId> {
+        let is = self.shape(&Val::Node(idx));
+        let k = *is.last().ok_or_else(|| Fail::Invalid("GatherND indices of rank 0".into()))?;
+        if k == 0 || k > ds.len() {
+            return unsup(format!("GatherND indices of depth {k} into rank {}", ds.len()));
+        }
+        let st = shape::strides(&ds[..k]);
+        let f = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![idx])?;
+        let dims = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![k], ds[..k].iter().map(|&d| d as f64).collect())))?;
+        let strides = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![k], st.iter().map(|&d| d as f64).collect())))?;
+        let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+        let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![f, zero])?;
+        let neg = self.as_bool(&self.fresh(name), neg)?;
+        let up = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![f, dims])?;
+        let w = self.push(&self.fresh(name), Op::Where, vec![neg, up, f])?;
+        let p = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![w, strides])?;
+        let rows = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Sum, axes: vec![is.len() - 1], keep_dims: false }, vec![p])?;
+        let rows = self.push(&self.fresh(name), Op::Cast { to: DType::I64 }, vec![rows])?;
+        let rest: Vec<usize> = ds[k..].to_vec();
+        let table = self.reshape(&self.fresh(name), data, &[ds[..k].iter().product(), rest.iter().product()])?;
+        let g = self.push(&self.fresh(name), Op::Gather, vec![table, rows])?;
+        let out: Vec<usize> = is[..is.len() - 1].iter().chain(&rest).copied().collect();
+        self.reshape(name, g, &out)
+    }
+
+    /// ONNX Gather along `ax` of `x` (shape `ds`) by integer ids (any shape): the axis moved to
+    /// the front, the rest flattened into a `[ds[ax], rest]` table, one kiln Gather, then the
+    /// ids' dims put back at `ax`. `wrap`: negative ids count from the end (ONNX), as
+    /// `where(i < 0, i + n, i)`.
+    fn gather_axis(&mut self, name: &str, x: ValueId, ds: &[usize], ax: usize, ids: ValueId, wrap: bool) -> R<ValueId> {
+        let r = ds.len();
+        let is = self.shape(&Val::Node(ids));
+        let mut ids = ids;
+        if wrap {
+            let dt = self.dtype(&Val::Node(ids));
+            let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+            let n = self.scalar(&self.fresh(name), ds[ax] as f32, dt)?;
+            let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![ids, z])?;
+            let neg = self.as_bool(&self.fresh(name), neg)?;
+            let up = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![ids, n])?;
+            ids = self.push(&self.fresh(name), Op::Where, vec![neg, up, ids])?;
+        }
+        let rest: Vec<usize> = ds[..ax].iter().chain(&ds[ax + 1..]).copied().collect();
+        let mut t = x;
+        if ax != 0 {
+            let perm: Vec<usize> = std::iter::once(ax).chain((0..r).filter(|&d| d != ax)).collect();
+            t = self.push(&self.fresh(name), Op::Transpose { perm }, vec![t])?;
+        }
+        let cols: usize = rest.iter().product();
+        let table = self.reshape(&self.fresh(name), t, &[ds[ax], cols])?;
+        let g = self.push(&self.fresh(name), Op::Gather, vec![table, ids])?;
+        let gathered: Vec<usize> = is.iter().chain(&rest).copied().collect();
+        if ax == 0 {
+            return self.reshape(name, g, &gathered);
+        }
+        let g = self.reshape(&self.fresh(name), g, &gathered)?;
+        // [ids.., pre.., post..] -> [pre.., ids.., post..]
+        let q = is.len();
+        let perm: Vec<usize> = (q..q + ax).chain(0..q).chain(q + ax..gathered.len()).collect();
+        self.push(name, Op::Transpose { perm }, vec![g])
+    }
+
     /// Rows of `data` (shape `ds`) picked by known flat row indices over its first `k` dims:
     /// the data seen as a `[rows, row_len]` table and one kiln `Gather` with constant ids, shaped
     /// `lead`, then reshaped to `out`.
@@ -310,6 +424,13 @@ impl<'m> Importer<'m> {
                     }
                 }
                 let x = self.node(&iname(0), &inp(0)?)?;
+                if op == "Dropout" && n.output.get(1).is_some_and(|o| !o.is_empty() && self.m.is_used(o)) {
+                    // The mask of inference-mode dropout: every element kept.
+                    let s = self.shape(&Val::Node(x));
+                    let ones = Val::Lit(Lit::of(Elem::Bool, s.clone(), vec![1.0; s.iter().product()]));
+                    let mask = self.node(&n.output[1], &ones)?;
+                    return Ok(vec![x, mask]);
+                }
                 one(x)
             }
             "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Sum" => {
@@ -335,10 +456,14 @@ impl<'m> Importer<'m> {
             }
             "Pow" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
-                let e = lit_of(1, "a Pow exponent")?;
-                if e.numel() != 1 {
-                    return unsup("Pow with a non-scalar exponent");
-                }
+                let e = match ins.get(1).cloned().flatten() {
+                    Some(Val::Lit(l)) if l.numel() == 1 => l,
+                    Some(v) => {
+                        let y = self.node(&iname(1), &v)?;
+                        return one(self.pow_general(name, x, y)?);
+                    }
+                    None => return Err(Fail::Invalid("a Pow exponent is missing".into())),
+                };
                 let p = e.floats()[0];
                 let dt = self.dtype(&Val::Node(x));
                 match p {
@@ -359,11 +484,32 @@ impl<'m> Importer<'m> {
                         let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, shape, vec![1.0; n1])))?;
                         one(if dt == DType::F32 { ones } else { self.push(name, Op::Cast { to: dt }, vec![ones])? })
                     }
-                    _ => unsup(format!("Pow with exponent {p} (kiln has no log: only 0, ±0.5, ±1, 2, 3)")),
+                    _ if !dt.is_float() => unsup(format!("Pow of integers with exponent {p}")),
+                    // exp(p·log|x|), negated where x < 0 and p is an odd integer; a fractional
+                    // power of x < 0 is NaN (log of a negative number).
+                    _ => {
+                        let int = p.fract() == 0.0;
+                        let base = if int { self.push(&self.fresh(name), Op::Unary(UnaryOp::Abs), vec![x])? } else { x };
+                        let l = self.push(&self.fresh(name), Op::Unary(UnaryOp::Log), vec![base])?;
+                        let c = self.scalar(&self.fresh(name), p as f32, dt)?;
+                        let pl = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![l, c])?;
+                        let odd = int && (p % 2.0).abs() == 1.0;
+                        if !odd {
+                            return one(self.push(name, Op::Unary(UnaryOp::Exp), vec![pl])?);
+                        }
+                        let y = self.push(&self.fresh(name), Op::Unary(UnaryOp::Exp), vec![pl])?;
+                        let ny = self.push(&self.fresh(name), Op::Unary(UnaryOp::Neg), vec![y])?;
+                        let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                        let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![x, z])?;
+                        let neg = self.as_bool(&self.fresh(name), neg)?;
+                        one(self.push(name, Op::Where, vec![neg, ny, y])?)
+                    }
                 }
             }
-            "Sqrt" | "Reciprocal" | "Neg" | "Abs" | "Exp" | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Gelu" => {
+            "Sqrt" | "Reciprocal" | "Neg" | "Abs" | "Exp" | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Gelu" | "Log" | "Softplus" => {
                 let u = match op {
+                    "Log" => UnaryOp::Log,
+                    "Softplus" => UnaryOp::Softplus,
                     "Sqrt" => UnaryOp::Sqrt,
                     "Reciprocal" => UnaryOp::Recip,
                     "Neg" => UnaryOp::Neg,
@@ -462,14 +608,148 @@ impl<'m> Importer<'m> {
                 let y = self.push(&self.fresh(name), Op::Softmax { axis: 1 }, vec![f])?;
                 one(self.reshape(name, y, &s)?)
             }
-            "LayerNormalization" => {
+            // A running sum along the axis as a product with a 0/1 triangular matrix (one GEMM;
+            // kiln has no scan op): y[.., j] = Σ_i x[.., i]·T[i, j]. Integers go through f32,
+            // exact while partial sums stay below 2^24 (position ids from a mask, as RoBERTa's
+            // export computes them). A literal input folds instead (lit.rs).
+            "CumSum" => {
+                let x0 = self.node(&iname(0), &inp(0)?)?;
+                let s0 = self.shape(&Val::Node(x0));
+                let ax0 = shape::axis(lit_of(1, "CumSum axis")?.ints().first().copied().ok_or(Fail::Invalid("CumSum without an axis".into()))?, s0.len())?;
+                // A vector scans as one row.
+                let final_name = name.to_string();
+                let (x, ax, out_name) = if s0.len() == 1 {
+                    (self.reshape(&self.fresh(name), x0, &[1, s0[0]])?, 1, self.fresh(name))
+                } else {
+                    (x0, ax0, name.to_string())
+                };
+                let name = out_name.as_str();
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let (exclusive, reverse) = (at.int("exclusive", 0) != 0, at.int("reverse", 0) != 0);
+                let n = s[ax];
+                let dt = self.dtype(&Val::Node(x));
+                let mut t = vec![0.0; n * n];
+                for i in 0..n {
+                    for j in 0..n {
+                        let before = if reverse { i > j } else { i < j };
+                        t[i * n + j] = if before || (i == j && !exclusive) { 1.0 } else { 0.0 };
+                    }
+                }
+                let tri = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, n], t)))?;
+                let mut perm: Vec<usize> = (0..r).collect();
+                perm.swap(ax, r - 1);
+                let mut v = x;
+                if ax != r - 1 {
+                    v = self.push(&self.fresh(name), Op::Transpose { perm: perm.clone() }, vec![v])?;
+                }
+                if dt != DType::F32 {
+                    v = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![v])?;
+                }
+                let last = ax == r - 1 && dt == DType::F32;
+                let mm = if last { name.to_string() } else { self.fresh(name) };
+                let mut y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![v, tri])?;
+                if dt != DType::F32 {
+                    let nm = if ax == r - 1 { name.to_string() } else { self.fresh(name) };
+                    y = self.push(&nm, Op::Cast { to: dt }, vec![y])?;
+                }
+                if ax != r - 1 {
+                    y = self.push(name, Op::Transpose { perm }, vec![y])?;
+                }
+                if s0.len() == 1 {
+                    y = self.reshape(&final_name, y, &s0)?;
+                }
+                one(y)
+            }
+            // x - max - log Σ exp(x - max), over the axis (before opset 13: over the input
+            // flattened to 2-D at the axis, as Softmax).
+            "LogSoftmax" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
                 let s = self.shape(&Val::Node(x));
-                let ax = shape::axis(at.int("axis", -1), s.len())?;
-                if ax != s.len() - 1 {
-                    return unsup(format!("LayerNormalization over axes {ax}.. of rank {} (only the last axis)", s.len()));
+                let r = s.len();
+                if !self.dtype(&Val::Node(x)).is_float() {
+                    return unsup("LogSoftmax of integers");
                 }
-                let last = s[ax];
+                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), r)?;
+                let (src, axes) = if opset >= 13 || ax == r - 1 {
+                    (x, vec![ax])
+                } else {
+                    let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+                    (self.reshape(&self.fresh(name), x, &flat)?, vec![1])
+                };
+                let keep = |op| Op::Reduce { op, axes: axes.clone(), keep_dims: true };
+                let m = self.push(&self.fresh(name), keep(ReduceOp::Max), vec![src])?;
+                let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![src, m])?;
+                let e = self.push(&self.fresh(name), Op::Unary(UnaryOp::Exp), vec![d])?;
+                let sum = self.push(&self.fresh(name), keep(ReduceOp::Sum), vec![e])?;
+                let l = self.push(&self.fresh(name), Op::Unary(UnaryOp::Log), vec![sum])?;
+                if src == x {
+                    return one(self.push(name, Op::Binary(BinaryOp::Sub), vec![d, l])?);
+                }
+                let y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![d, l])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            // The upper (or lower) triangle from diagonal k, as Where with a known mask.
+            "Trilu" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                if r < 2 {
+                    return Err(Fail::Invalid(format!("Trilu of a rank-{r} tensor")));
+                }
+                let k = match ins.get(1).cloned().flatten() {
+                    Some(_) => lit_of(1, "Trilu's k")?.ints().first().copied().unwrap_or(0),
+                    None => 0,
+                };
+                let upper = at.int("upper", 1) != 0;
+                let (rows, cols) = (s[r - 2], s[r - 1]);
+                let keep: Vec<f64> = (0..rows * cols)
+                    .map(|e| {
+                        let d = (e % cols) as i64 - (e / cols) as i64;
+                        f64::from(u8::from(if upper { d >= k } else { d <= k }))
+                    })
+                    .collect();
+                let mask = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::Bool, vec![rows, cols], keep)))?;
+                let z = self.scalar(&self.fresh(name), 0.0, self.dtype(&Val::Node(x)))?;
+                one(self.push(name, Op::Where, vec![mask, x, z])?)
+            }
+            // x / √(mean(x²) + eps) · scale over axes ax.. (opset 23), as LayerNormalization.
+            "RMSNormalization" => {
+                let x0 = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x0));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                let last: usize = s[ax..].iter().product();
+                let flat = ax + 1 != s.len();
+                let x = if flat { self.reshape(&self.fresh(name), x0, &[s[..ax].iter().product(), last])? } else { x0 };
+                let dt = self.dtype(&Val::Node(x));
+                let mut g = self.node(&iname(1), &inp(1)?)?;
+                let gs = self.shape(&Val::Node(g));
+                if gs != [last] {
+                    if gs.iter().product::<usize>() != last {
+                        return unsup(format!("RMSNormalization scale of shape {gs:?}"));
+                    }
+                    g = self.reshape(&self.fresh(name), g, &[last])?;
+                }
+                if self.dtype(&Val::Node(g)) != dt {
+                    g = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![g])?;
+                }
+                let op = Op::RmsNorm { eps: at.float("epsilon", 1e-5) };
+                if !flat {
+                    return one(self.push(name, op, vec![x, g])?);
+                }
+                let y = self.push(&self.fresh(name), op, vec![x, g])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            // Over axes ax..: x seen as [Π s[..ax], Π s[ax..]] (one reshape each way). The
+            // optional Mean and InvStdDev outputs are computed apart when something reads them.
+            "LayerNormalization" => {
+                let x0 = self.node(&iname(0), &inp(0)?)?;
+                let s = self.shape(&Val::Node(x0));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                let last: usize = s[ax..].iter().product();
+                let flat = ax + 1 != s.len();
+                let x = if flat { self.reshape(&self.fresh(name), x0, &[s[..ax].iter().product(), last])? } else { x0 };
+                let eps = at.float("epsilon", 1e-5);
                 let dt = self.dtype(&Val::Node(x));
                 let mut gb = Vec::new();
                 for (k, fill) in [(1usize, 1.0f64), (2, 0.0)] {
@@ -490,13 +770,41 @@ impl<'m> Importer<'m> {
                     }
                     gb.push(id);
                 }
-                if n.output.iter().skip(1).any(|o| !o.is_empty() && self.m.is_used(o)) {
-                    return unsup("LayerNormalization's mean / inverse std-dev outputs");
+                let y = if flat {
+                    let y = self.push(&self.fresh(name), Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?;
+                    self.reshape(name, y, &s)?
+                } else {
+                    self.push(name, Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?
+                };
+                if !n.output.iter().skip(1).any(|o| !o.is_empty() && self.m.is_used(o)) {
+                    return one(y);
                 }
-                one(self.push(name, Op::LayerNorm { eps: at.float("epsilon", 1e-5) }, vec![x, gb[0], gb[1]])?)
+                // Mean = E[x], InvStdDev = 1/sqrt(E[(x - Mean)²] + eps), shaped s[..ax] ++ [1, ..].
+                let stat: Vec<usize> = s[..ax].iter().copied().chain(std::iter::repeat_n(1, s.len() - ax)).collect();
+                let r2 = self.shape(&Val::Node(x)).len();
+                let mean_op = Op::Reduce { op: ReduceOp::Mean, axes: vec![r2 - 1], keep_dims: true };
+                let mean = self.push(&self.fresh(name), mean_op.clone(), vec![x])?;
+                let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![x, mean])?;
+                let d2 = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![d, d])?;
+                let var = self.push(&self.fresh(name), mean_op, vec![d2])?;
+                let e = self.scalar(&self.fresh(name), eps, dt)?;
+                let ve = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![var, e])?;
+                let inv = self.push(&self.fresh(name), Op::Unary(UnaryOp::Rsqrt), vec![ve])?;
+                let names: Vec<String> = (1..3).map(|k| n.output.get(k).filter(|o| !o.is_empty()).cloned().unwrap_or_else(|| self.fresh(name))).collect();
+                let mean = self.reshape(&names[0], mean, &stat)?;
+                let inv = self.reshape(&names[1], inv, &stat)?;
+                Ok(vec![y, mean, inv])
             }
-            "ReduceSum" | "ReduceMean" | "ReduceMax" => {
+            // Sum, Mean and Max are kiln reductions; the others are written over them:
+            // Min = -Max(-x), SumSquare = Sum(x²), L1 = Sum(|x|), L2 = √Sum(x²),
+            // LogSum = log Sum(x), LogSumExp = log Sum(e^(x - m)) + m with m = Max(x).
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
+            | "ReduceLogSumExp" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
+                let dt = self.dtype(&Val::Node(x));
+                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean") {
+                    return unsup(format!("{op} of integers"));
+                }
                 let r = self.shape(&Val::Node(x)).len();
                 let as_input = if op == "ReduceSum" { opset >= 13 } else { opset >= 18 };
                 let axes = if as_input {
@@ -514,12 +822,51 @@ impl<'m> Importer<'m> {
                 };
                 axes.sort();
                 axes.dedup();
-                let rop = match op {
-                    "ReduceSum" => ReduceOp::Sum,
-                    "ReduceMean" => ReduceOp::Mean,
-                    _ => ReduceOp::Max,
+                let keep_dims = at.int("keepdims", 1) != 0;
+                let un = |s: &mut Self, u: UnaryOp, v: ValueId| s.push(&s.fresh(name), Op::Unary(u), vec![v]);
+                let red = |s: &mut Self, nm: &str, op: ReduceOp, v: ValueId, keep: bool| {
+                    s.push(nm, Op::Reduce { op, axes: axes.clone(), keep_dims: keep }, vec![v])
                 };
-                one(self.push(name, Op::Reduce { op: rop, axes, keep_dims: at.int("keepdims", 1) != 0 }, vec![x])?)
+                match op {
+                    "ReduceSum" => one(red(self, name, ReduceOp::Sum, x, keep_dims)?),
+                    "ReduceMean" => one(red(self, name, ReduceOp::Mean, x, keep_dims)?),
+                    "ReduceMax" => one(red(self, name, ReduceOp::Max, x, keep_dims)?),
+                    "ReduceMin" => {
+                        let nx = un(self, UnaryOp::Neg, x)?;
+                        let m = red(self, &self.fresh(name), ReduceOp::Max, nx, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Neg), vec![m])?)
+                    }
+                    "ReduceSumSquare" | "ReduceL2" => {
+                        let sq = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                        if op == "ReduceSumSquare" {
+                            return one(red(self, name, ReduceOp::Sum, sq, keep_dims)?);
+                        }
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, sq, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Sqrt), vec![s])?)
+                    }
+                    "ReduceL1" => {
+                        let a = un(self, UnaryOp::Abs, x)?;
+                        one(red(self, name, ReduceOp::Sum, a, keep_dims)?)
+                    }
+                    "ReduceLogSum" => {
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, x, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Log), vec![s])?)
+                    }
+                    _ => {
+                        let m = red(self, &self.fresh(name), ReduceOp::Max, x, true)?;
+                        let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![x, m])?;
+                        let e = un(self, UnaryOp::Exp, d)?;
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, e, true)?;
+                        let l = un(self, UnaryOp::Log, s)?;
+                        if keep_dims {
+                            return one(self.push(name, Op::Binary(BinaryOp::Add), vec![l, m])?);
+                        }
+                        let y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![l, m])?;
+                        let sh = self.shape(&Val::Node(x));
+                        let out: Vec<usize> = (0..sh.len()).filter(|d| !axes.contains(d)).map(|d| sh[d]).collect();
+                        one(self.reshape(name, y, &out)?)
+                    }
+                }
             }
             "CastLike" | "Cast" => {
                 let code = if op == "CastLike" { like_code(&inp(1)?, self) } else { at.int("to", 1) as i32 };
@@ -619,11 +966,17 @@ impl<'m> Importer<'m> {
                 for (k, &ax) in axes.iter().enumerate() {
                     let step = steps.as_ref().map_or(1, |v| v[k]);
                     let (b, _, _, len) = shape::slice_range(s[ax], starts[k], ends[k], step)?;
-                    if step != 1 {
-                        return unsup(format!("Slice with step {step}"));
-                    }
                     if len == 0 {
                         return unsup("an empty Slice (kiln has no empty tensors)");
+                    }
+                    if step != 1 {
+                        // Strided or reversed: a gather of the known positions along the axis.
+                        let idx: Vec<f64> = (0..len as i64).map(|i| (b + i * step) as f64).collect();
+                        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, vec![len], idx)))?;
+                        let cur = self.shape(&Val::Node(y));
+                        let nm = self.fresh(name);
+                        y = self.gather_axis(&nm, y, &cur, ax, ids, false)?;
+                        continue;
                     }
                     if b == 0 && len == s[ax] {
                         continue;
@@ -665,13 +1018,22 @@ impl<'m> Importer<'m> {
                 let ds = self.shape(&data);
                 let ax = shape::axis(at.int("axis", 0), ds.len())?;
                 match &ids {
-                    Val::Node(_) => {
-                        if ax != 0 || ds.len() != 2 {
-                            return unsup(format!("Gather of run-time indices along axis {ax} of a rank-{} tensor (only rows of a matrix)", ds.len()));
-                        }
+                    // Rows of a matrix (an embedding table): one kiln Gather. Ids are not
+                    // wrapped here: a negative token id is a run-time error, not row n - 1.
+                    Val::Node(_) if ax == 0 && ds.len() == 2 => {
                         let t = self.node(&iname(0), &data)?;
                         let i = self.node(&iname(1), &ids)?;
                         one(self.push(name, Op::Gather, vec![t, i])?)
+                    }
+                    Val::Node(_) => {
+                        let x = self.node(&iname(0), &data)?;
+                        let i = self.node(&iname(1), &ids)?;
+                        one(self.gather_axis(name, x, &ds, ax, i, true)?)
+                    }
+                    Val::Lit(l) if l.numel() > 64 => {
+                        let x = self.node(&iname(0), &data)?;
+                        let i = self.node(&iname(1), &ids)?;
+                        one(self.gather_axis(name, x, &ds, ax, i, l.ints().iter().any(|&v| v < 0))?)
                     }
                     Val::Lit(l) => {
                         // Known indices: slices (and a concat) of the data.
@@ -685,9 +1047,6 @@ impl<'m> Importer<'m> {
                                 if (0..d).contains(&j) { Ok(j as usize) } else { Err(Fail::Invalid(format!("Gather index {i} out of range for dim {d}"))) }
                             })
                             .collect::<R<_>>()?;
-                        if idx.len() > 64 {
-                            return unsup(format!("Gather of {} known indices from a run-time value", idx.len()));
-                        }
                         let mut parts = Vec::new();
                         for &i in &idx {
                             let nm = self.fresh(name);
@@ -730,22 +1089,40 @@ impl<'m> Importer<'m> {
                 one(y)
             }
             "DequantizeLinear" => {
+                // (x - zero_point) · scale in f32, the scale and zero point per tensor or per
+                // slice along `axis` (shaped to broadcast there).
                 let x = self.node(&iname(0), &inp(0)?)?;
-                let scale = lit_of(1, "a DequantizeLinear scale")?;
-                if scale.numel() != 1 {
-                    return unsup("per-axis DequantizeLinear of a run-time value");
+                let xs = self.shape(&Val::Node(x));
+                if at.int("block_size", 0) != 0 {
+                    return unsup("blocked DequantizeLinear of a run-time value");
                 }
-                let xf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![x])?;
-                let xf = match ins.get(2).cloned().flatten() {
-                    Some(z) => {
-                        let z = self.node(&iname(2), &z)?;
-                        let zf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![z])?;
-                        self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![xf, zf])?
+                let axis_attr = at.int("axis", 1);
+                let param = |s: &mut Self, k: usize| -> R<Option<ValueId>> {
+                    let Some(v) = ins.get(k).cloned().flatten() else { return Ok(None) };
+                    let mut id = s.node(&iname(k), &v)?;
+                    let ps = s.shape(&Val::Node(id));
+                    let n: usize = ps.iter().product();
+                    if n != 1 {
+                        let axis = shape::axis(axis_attr, xs.len())?;
+                        if ps.len() != 1 || xs.get(axis) != Some(&n) {
+                            return unsup(format!("DequantizeLinear parameter of shape {ps:?} for an input of shape {xs:?}"));
+                        }
+                        let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, xs.len() - axis - 1)).collect();
+                        id = s.reshape(&s.fresh(name), id, &to)?;
                     }
+                    if s.dtype(&Val::Node(id)) != DType::F32 {
+                        id = s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![id])?;
+                    }
+                    Ok(Some(id))
+                };
+                let scale = param(self, 1)?.ok_or_else(|| Fail::Invalid("DequantizeLinear without a scale".into()))?;
+                let zero = param(self, 2)?;
+                let xf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![x])?;
+                let xf = match zero {
+                    Some(z) => self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![xf, z])?,
                     None => xf,
                 };
-                let k = self.scalar(name, scale.floats()[0] as f32, DType::F32)?;
-                one(self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, k])?)
+                one(self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, scale])?)
             }
             "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" | "And" | "Or" | "Xor" => {
                 let (mut a, mut b) = (self.node(&iname(0), &inp(0)?)?, self.node(&iname(1), &inp(1)?)?);
@@ -784,11 +1161,15 @@ impl<'m> Importer<'m> {
             }
             "GatherND" => {
                 let data = self.node(&iname(0), &inp(0)?)?;
-                let idx = lit_of(1, "GatherND indices")?;
                 if at.int("batch_dims", 0) != 0 {
                     return unsup("GatherND with batch_dims");
                 }
                 let ds = self.shape(&Val::Node(data));
+                if let Val::Node(_) = inp(1)? {
+                    let i = self.node(&iname(1), &inp(1)?)?;
+                    return one(self.gather_nd(name, data, &ds, i)?);
+                }
+                let idx = lit_of(1, "GatherND indices")?;
                 let k = *idx.shape.last().ok_or_else(|| Fail::Invalid("GatherND indices of rank 0".into()))?;
                 if k > ds.len() {
                     return Err(Fail::Invalid(format!("GatherND indices of depth {k} into rank {}", ds.len())));
@@ -865,8 +1246,10 @@ fn folds_weights(op: &str) -> bool {
 /// Every op the importer knows (folded or as kiln ops), for `kiln onnx-ops`.
 pub const SUPPORTED: &[&str] = &[
     "Abs", "Add", "And", "Cast", "CastLike", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout",
-    "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
-    "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Pow",
-    "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Size",
-    "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where", "Xor",
+    "CumSum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
+    "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "Min", "Mul", "Neg",
+    "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+    "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid",
+    "Size", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
+    "Where", "Xor",
 ];

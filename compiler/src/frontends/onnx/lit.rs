@@ -141,7 +141,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             }
             one(acc)
         }
-        "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" => {
+        "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" | "Log" | "Softplus"
+        | "Sin" | "Cos" => {
             let a = x(0)?;
             if !a.elem.is_float() {
                 return match op {
@@ -161,12 +162,18 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 "Tanh" => Some(UnaryOp::Tanh),
                 "Sigmoid" => Some(UnaryOp::Sigmoid),
                 "Relu" => Some(UnaryOp::Relu),
+                "Log" => Some(UnaryOp::Log),
+                "Softplus" => Some(UnaryOp::Softplus),
                 _ => None,
             };
-            one(zip_map(&[a], a.elem, |f, _| match u {
-                Some(u) => eval::unary::<f64>(u, f[0]),
-                None if op == "Floor" => f[0].floor(),
-                None => f[0].ceil(),
+            // Floor, Ceil, Sin and Cos only fold (rotary and relative-position tables are
+            // functions of positions, which a bucket fixes); they are not kiln ops.
+            one(zip_map(&[a], a.elem, |f, _| match (u, op) {
+                (Some(u), _) => eval::unary::<f64>(u, f[0]),
+                (None, "Floor") => f[0].floor(),
+                (None, "Ceil") => f[0].ceil(),
+                (None, "Sin") => f[0].sin(),
+                (None, _) => f[0].cos(),
             })?)
         }
         "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" => {
@@ -247,6 +254,42 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             };
             let fill = v.floats().first().copied().unwrap_or(0.0);
             one(Lit::of(v.elem, s, vec![fill; n]))
+        }
+        "CumSum" => {
+            let a = x(0)?;
+            let ax = shape::axis(x(1)?.ints().first().copied().ok_or("CumSum without an axis")?, a.shape.len())?;
+            let (exclusive, reverse) = (at.int("exclusive", 0) != 0, at.int("reverse", 0) != 0);
+            let (n, inner) = (a.shape[ax], a.shape[ax + 1..].iter().product::<usize>());
+            let outer = a.numel() / (n * inner).max(1);
+            let order: Vec<usize> = if reverse { (0..n).rev().collect() } else { (0..n).collect() };
+            let mut out = a.clone();
+            macro_rules! scan {
+                ($v:expr, $o:expr, $zero:expr, $add:expr) => {
+                    for o in 0..outer {
+                        for i in 0..inner {
+                            let mut acc = $zero;
+                            for &k in &order {
+                                let at = (o * n + k) * inner + i;
+                                let v = $v[at];
+                                if !exclusive {
+                                    acc = $add(acc, v);
+                                }
+                                $o[at] = acc;
+                                if exclusive {
+                                    acc = $add(acc, v);
+                                }
+                            }
+                        }
+                    }
+                };
+            }
+            match (&a.data, &mut out.data) {
+                (LitData::F(v), LitData::F(o)) => scan!(v, o, 0.0f64, |p: f64, q: f64| p + q),
+                (LitData::I(v), LitData::I(o)) => scan!(v, o, 0i64, |p: i64, q: i64| p.wrapping_add(q)),
+                _ => return Err("CumSum of mixed data".into()),
+            }
+            out.weight = false;
+            one(out)
         }
         "Range" => {
             let (s, l, d) = (x(0)?, x(1)?, x(2)?);

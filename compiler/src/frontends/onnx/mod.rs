@@ -1,4 +1,4 @@
-//! The ONNX frontend: reads a `ModelProto` (opsets 11 to 28) and imports its graph into kiln's
+//! The ONNX frontend: reads a `ModelProto` (opsets 7 to 28) and imports its graph into kiln's
 //! IR once every dim is known — for a bucket (batch × seq), or for the shapes of the inputs at
 //! hand. Shape subgraphs and weight dequantization fold to literals at import ([`lit`]); every
 //! other node becomes kiln ops ([`import`]); what kiln cannot run is `Error::Unsupported`
@@ -78,8 +78,11 @@ impl std::fmt::Debug for OnnxModel {
     }
 }
 
-/// The opsets of the default domain kiln reads.
-pub const OPSETS: std::ops::RangeInclusive<i64> = 11..=28;
+/// The opsets of the default domain kiln reads. From 7 on, elementwise ops broadcast the numpy
+/// way (opset 6 and older had a `broadcast` attribute); the older forms of the ops kiln imports
+/// (Slice's and Clip's attributes, Reshape's input, Squeeze/Unsqueeze/Reduce axes as attributes,
+/// Softmax over the flattened input) are read as such.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 impl OnnxModel {
     /// Reads `path`. `roles` overrides which symbolic dims are batch and seq; by default the
@@ -242,7 +245,7 @@ impl OnnxModel {
     pub fn shape_inputs(&self) -> Vec<bool> {
         let params = |op: &str| -> &'static [usize] {
             match op {
-                "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" => &[1],
+                "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "Trilu" => &[1],
                 "Slice" => &[1, 2, 3, 4],
                 "ConstantOfShape" => &[0],
                 "Range" => &[0, 1, 2],
@@ -255,7 +258,9 @@ impl OnnxModel {
         self.inputs
             .iter()
             .map(|i| {
-                let small = !i.elem.is_float() && i.dims.len() <= 1 && i.dims.iter().all(|d| matches!(d, Ok(n) if *n <= 16));
+                // Small integer vectors, and scalars of any type (Range's bounds, Clip's limits).
+                let small = (!i.elem.is_float() && i.dims.len() <= 1 && i.dims.iter().all(|d| matches!(d, Ok(n) if *n <= 16)))
+                    || i.dims.is_empty();
                 let uses: Vec<bool> = self
                     .graph_proto()
                     .node
@@ -281,10 +286,11 @@ impl OnnxModel {
             return Err(Error::bad_batch(format!("the model takes {} inputs, {} shapes given", self.inputs.len(), shapes.len())));
         }
         for (i, s) in self.inputs.iter().zip(shapes) {
-            if s.contains(&0) {
+            let k = known.get(self.inputs.iter().position(|x| x.name == i.name).unwrap_or(0)).cloned().flatten();
+            // An empty shape tensor (a reduction's empty `axes`) is a literal like any other.
+            if k.is_none() && s.contains(&0) {
                 return Err(Error::Unsupported(format!("{}: input `{}` of shape {s:?} is empty", self.path.display(), i.name)));
             }
-            let k = known.get(self.inputs.iter().position(|x| x.name == i.name).unwrap_or(0)).cloned().flatten();
             match k {
                 Some(t) => im.known_input(&i.name, i.elem, &t),
                 None => im.input(&i.name, i.elem, s, self.role_of(i)).map_err(|f| fail(format!("{}: input `{}`", self.path.display(), i.name), f))?,
