@@ -75,6 +75,11 @@ enum Cmd {
         /// The ONNX output to use (default: the first).
         #[arg(long, requires = "onnx")]
         output: Option<String>,
+        /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
+        /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
+        /// rank-2 integer input).
+        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
+        dim: Vec<String>,
         /// Texts to embed.
         #[arg(required = true)]
         texts: Vec<String>,
@@ -87,6 +92,11 @@ enum Cmd {
         /// batch and seq; plans load with the same file as the weight source).
         #[arg(long)]
         onnx: Option<PathBuf>,
+        /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
+        /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
+        /// rank-2 integer input).
+        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
+        dim: Vec<String>,
         /// Buckets, e.g. `1x128,8x128` (batch x seq).
         #[arg(long, value_delimiter = ',', required = true)]
         bucket: Vec<String>,
@@ -120,6 +130,11 @@ enum Cmd {
         /// Time an ONNX model instead (cpu backend; each bucket imported, uploaded and lowered).
         #[arg(long, conflicts_with = "model")]
         onnx: Option<PathBuf>,
+        /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
+        /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
+        /// rank-2 integer input).
+        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
+        dim: Vec<String>,
         /// Buckets, e.g. `1x128,8x128` (batch x seq).
         #[arg(long, value_delimiter = ',', default_value = "1x128")]
         bucket: Vec<String>,
@@ -156,6 +171,11 @@ enum Cmd {
     Run {
         #[arg(long)]
         onnx: PathBuf,
+        /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
+        /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
+        /// rank-2 integer input).
+        #[arg(long = "dim", value_name = "NAME=batch|seq")]
+        dim: Vec<String>,
         /// NAME=FILE.npy, once per model input.
         #[arg(long)]
         input: Vec<String>,
@@ -203,7 +223,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, backend, json, texts, plan, trusted_key, .. } => {
+        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, dim, backend, json, texts, plan, trusted_key, .. } => {
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
             let pooling = match pooling {
                 PoolingKind::Mean => kiln::onnx::Pooling::Mean,
@@ -216,7 +236,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => kiln::onnx::Runner::Plan(p, &trust),
                 None => kiln::onnx::Runner::Jit(onnx_kind(backend)),
             };
-            let emb = kiln::onnx::embed_onnx(&file, &tok, pooling, output.as_deref(), &texts, runner)?;
+            let emb = kiln::onnx::embed_onnx(&file, &kiln::onnx::parse_dims(&dim)?, &tok, pooling, output.as_deref(), &texts, runner)?;
             for (i, (t, e)) in texts.iter().zip(&emb).enumerate() {
                 if e.iter().any(|x| !x.is_finite()) {
                     return Err(Error::Model { path: file.clone(), message: format!("the embedding of text {i} ({t:?}) is not finite") });
@@ -240,7 +260,7 @@ fn run(cli: Cli) -> Result<()> {
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
-        Cmd::Compile { model, onnx, bucket, report, dump_after, output, target, sign, max_arena_bytes } => {
+        Cmd::Compile { model, onnx, dim, bucket, report, dump_after, output, target, sign, max_arena_bytes } => {
             // The key first: a bad key fails before minutes of compiling.
             let sign = sign.map(|k| kiln_runtime::trust::read_signing_key(&k)).transpose()?;
             let arena_limit = match max_arena_bytes {
@@ -250,7 +270,7 @@ fn run(cli: Cli) -> Result<()> {
             // The graph of each bucket: the model folder's one graph, or each bucket's import of
             // an ONNX model; the artifact records the interface (signature) of the latter.
             let (onnx_model, bert) = match &onnx {
-                Some(f) => (Some(kiln_compiler::frontends::onnx::OnnxModel::open(f, &[])?), None),
+                Some(f) => (Some(kiln_compiler::frontends::onnx::OnnxModel::open(f, &kiln::onnx::parse_dims(&dim)?)?), None),
                 None => (None, Some(SentenceModel::open(&resolve_model(model)?, BertOutputs::default())?)),
             };
             let graph_for = |b: Bucket| -> Result<kiln_runtime::Graph> {
@@ -317,8 +337,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Run { onnx, input, output_dir, backend } => {
-            for p in kiln::onnx::run_cli(&onnx, &input, &output_dir, onnx_kind(backend))? {
+        Cmd::Run { onnx, dim, input, output_dir, backend } => {
+            for p in kiln::onnx::run_cli(&onnx, &kiln::onnx::parse_dims(&dim)?, &input, &output_dir, onnx_kind(backend))? {
                 println!("{}", p.display());
             }
             Ok(())
@@ -338,7 +358,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Bench { model, onnx, bucket, backend, threads, runs, profile } => bench(model, onnx, &bucket, backend, threads, runs, profile),
+        Cmd::Bench { model, onnx, dim, bucket, backend, threads, runs, profile } => bench(model, onnx.map(|f| (f, dim)), &bucket, backend, threads, runs, profile),
     }
 }
 
@@ -346,7 +366,7 @@ fn run(cli: Cli) -> Result<()> {
 /// median and the matmul GFLOP/s, against this machine's measured FMA peak on the CPU.
 fn bench(
     model: Option<PathBuf>,
-    onnx: Option<PathBuf>,
+    onnx: Option<(PathBuf, Vec<String>)>,
     buckets: &[String],
     backend: BackendKind,
     threads: Option<usize>,
@@ -355,7 +375,7 @@ fn bench(
 ) -> Result<()> {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::Threads;
-    if let Some(file) = onnx {
+    if let Some((file, dims)) = onnx {
         if !matches!(backend, BackendKind::Cpu) {
             return Err(Error::Unsupported("kiln bench --onnx times the cpu backend only".into()));
         }
@@ -366,7 +386,7 @@ fn bench(
         };
         let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
         let peak = print_peak(be.threads());
-        let m = kiln_compiler::frontends::onnx::OnnxModel::open(&file, &[])?;
+        let m = kiln_compiler::frontends::onnx::OnnxModel::open(&file, &kiln::onnx::parse_dims(&dims)?)?;
         let iface = m.signature()?.graph();
         for b in buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()? {
             let g = m.graph_for(b)?;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_compiler::frontends::onnx::proto::TensorProto;
 use kiln_compiler::frontends::onnx::tensor::lit_from_tensor;
-use kiln_compiler::frontends::onnx::OnnxModel;
+use kiln_compiler::frontends::onnx::{DimRole, OnnxModel};
 use kiln_runtime::{Backend, Batch, Bucket, Error, HostTensor, Outputs, Result};
 use prost::Message;
 
@@ -219,6 +219,7 @@ pub enum Runner<'a> {
 /// this model) and pools the chosen output.
 pub fn embed_onnx(
     model_path: &Path,
+    dims: &[(String, DimRole)],
     tokenizer: &Path,
     pooling: Pooling,
     output: Option<&str>,
@@ -227,7 +228,7 @@ pub fn embed_onnx(
 ) -> Result<Vec<Vec<f32>>> {
     use kiln_compiler::frontends::onnx::OnnxBackend;
     use kiln_runtime::{Engine, LowerPolicy};
-    let model = std::sync::Arc::new(OnnxModel::open(model_path, &[])?);
+    let model = std::sync::Arc::new(OnnxModel::open(model_path, dims)?);
     let sig = model.signature()?;
     let graph = sig.graph();
     let k = match output {
@@ -368,10 +369,25 @@ pub fn write_npy(path: &Path, t: &HostTensor) -> Result<()> {
     }
 }
 
+/// `--dim NAME=batch|seq` arguments: which symbolic dim of an ONNX model is which.
+pub fn parse_dims(args: &[String]) -> Result<Vec<(String, DimRole)>> {
+    args.iter()
+        .map(|a| {
+            let (name, role) = a.split_once('=').ok_or_else(|| Error::bad_batch(format!("--dim `{a}` is not NAME=batch or NAME=seq")))?;
+            let role = match role {
+                "batch" => DimRole::Batch,
+                "seq" | "sequence" => DimRole::Seq,
+                _ => return Err(Error::bad_batch(format!("--dim `{a}`: the role is `batch` or `seq`, not `{role}`"))),
+            };
+            Ok((name.to_string(), role))
+        })
+        .collect()
+}
+
 /// `kiln run --onnx FILE --input NAME=FILE.npy ... --output-dir DIR`: every graph output, in
 /// order, to `DIR/output_K.npy`.
-pub fn run_cli(file: &Path, inputs: &[String], out_dir: &Path, kind: Kind) -> Result<Vec<PathBuf>> {
-    let model = OnnxModel::open(file, &[])?;
+pub fn run_cli(file: &Path, dims: &[(String, DimRole)], inputs: &[String], out_dir: &Path, kind: Kind) -> Result<Vec<PathBuf>> {
+    let model = OnnxModel::open(file, dims)?;
     let mut given: Vec<Option<HostTensor>> = vec![None; model.inputs.len()];
     for spec in inputs {
         let (name, path) = spec.split_once('=').ok_or_else(|| Error::bad_batch(format!("--input `{spec}` is not NAME=FILE.npy")))?;

@@ -224,3 +224,18 @@ fn onnx_loader_maps_external_data_and_serves_dequantized_weights() {
     assert_eq!(t, m.weights(&g).unwrap());
     assert_eq!(t[0].as_f32().unwrap()[..4], [-1.5, -1.0, -0.5, 0.0]);
 }
+
+/// `--dim NAME=batch|seq`: the caller's roles override the guessed ones; a name no input has is
+/// a one-line error listing the symbolic dims there are.
+#[test]
+fn dim_roles_override_the_guess() {
+    use kiln_compiler::frontends::onnx::DimRole;
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), &model(17, None, false));
+    let guessed = OnnxModel::open(&p, &[]).unwrap();
+    assert_eq!(guessed.shapes_for(Bucket::new(2, 5)).unwrap(), vec![vec![2, 5]]);
+    let swapped = OnnxModel::open(&p, &[("batch".into(), DimRole::Seq), ("sequence".into(), DimRole::Batch)]).unwrap();
+    assert_eq!(swapped.shapes_for(Bucket::new(2, 5)).unwrap(), vec![vec![5, 2]]);
+    let e = OnnxModel::open(&p, &[("tokens".into(), DimRole::Seq)]).unwrap_err().to_string();
+    assert!(e.contains("no input has a dim named `tokens`") && e.contains("batch, sequence") && !e.contains('\n'), "{e}");
+}

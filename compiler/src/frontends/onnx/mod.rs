@@ -137,26 +137,40 @@ impl OnnxModel {
                 .unwrap_or_default();
             inputs.push(OnnxInput { name: vi.name().to_string(), elem, dims });
         }
-        let mut role_map: HashMap<String, DimRole> = roles.iter().cloned().collect();
-        if roles.is_empty() {
-            // Dims named as exporters name them, then the rank-2 integer input's two dims.
-            for i in &inputs {
-                for d in i.dims.iter().filter_map(|d| d.as_ref().err().cloned().flatten()) {
-                    match d.to_lowercase().as_str() {
-                        "batch" | "batch_size" | "n" => role_map.insert(d.clone(), DimRole::Batch),
-                        "seq" | "sequence" | "seq_len" | "sequence_length" => role_map.insert(d.clone(), DimRole::Seq),
-                        _ => None,
-                    };
-                }
+        // Dims named as exporters name them, then the rank-2 integer input's two dims; the
+        // caller's `roles` (`--dim NAME=batch|seq`) override both.
+        let mut role_map: HashMap<String, DimRole> = HashMap::new();
+        for i in &inputs {
+            for d in i.dims.iter().filter_map(|d| d.as_ref().err().cloned().flatten()) {
+                match d.to_lowercase().as_str() {
+                    "batch" | "batch_size" | "n" => role_map.insert(d.clone(), DimRole::Batch),
+                    "seq" | "sequence" | "seq_len" | "sequence_length" => role_map.insert(d.clone(), DimRole::Seq),
+                    _ => None,
+                };
             }
-            if let Some(i) = inputs.iter().find(|i| i.dims.len() == 2 && !i.elem.is_float()) {
-                if let Err(Some(b)) = &i.dims[0] {
-                    role_map.insert(b.clone(), DimRole::Batch);
-                }
-                if let Err(Some(s)) = &i.dims[1] {
-                    role_map.insert(s.clone(), DimRole::Seq);
-                }
+        }
+        if let Some(i) = inputs.iter().find(|i| i.dims.len() == 2 && !i.elem.is_float()) {
+            if let Err(Some(b)) = &i.dims[0] {
+                role_map.insert(b.clone(), DimRole::Batch);
             }
+            if let Err(Some(s)) = &i.dims[1] {
+                role_map.insert(s.clone(), DimRole::Seq);
+            }
+        }
+        let named: HashSet<String> = inputs.iter().flat_map(|i| i.dims.iter().filter_map(|d| d.as_ref().err().cloned().flatten())).collect();
+        for (name, role) in roles {
+            if !named.contains(name) {
+                let mut known: Vec<&String> = named.iter().collect();
+                known.sort();
+                return Err(Error::Unsupported(format!(
+                    "{}: no input has a dim named `{name}` (symbolic dims: {})",
+                    path.display(),
+                    known.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            // A name given one role loses any guessed role of the other kind.
+            role_map.retain(|n, r| n != name && !(*r == *role && !roles.iter().any(|(m, _)| m == n)));
+            role_map.insert(name.clone(), *role);
         }
         // Live nodes: those some graph output depends on (exports carry dead ones).
         let mut used: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
