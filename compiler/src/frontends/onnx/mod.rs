@@ -169,7 +169,7 @@ impl OnnxModel {
                 )));
             }
             // A name given one role loses any guessed role of the other kind.
-            role_map.retain(|n, r| n != name && !(*r == *role && !roles.iter().any(|(m, _)| m == n)));
+            role_map.retain(|n, r| n != name && (*r != *role || roles.iter().any(|(m, _)| m == n)));
             role_map.insert(name.clone(), *role);
         }
         // Live nodes: those some graph output depends on (exports carry dead ones).
