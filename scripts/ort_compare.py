@@ -11,6 +11,7 @@ the comparison meaningful on a machine shared with other work).
 
 Usage: python3 scripts/ort_compare.py [--model DIR | --onnx FILE] [--buckets 1x16,1x128,...]
                                       [--threads 2] [--runs 30] [--rounds 3] [--kiln target/release/kiln]
+       python3 scripts/ort_compare.py --write-onnx PATH [--legacy]   (only write the graph)
 
 With --onnx FILE both sides run that file: onnxruntime loads it, kiln imports it
 (`kiln bench --onnx FILE`); the inputs are the model's own (ids, an all-ones mask, zero token types).
@@ -69,7 +70,9 @@ def read_safetensors(path):
     return out
 
 
-def build_model(model_dir):
+def build_model(model_dir, legacy=False):
+    """MiniLM as an ONNX graph. `legacy`: as exporters wrote it before opset 17 (opset 14,
+    LayerNorm written out as ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -100,7 +103,14 @@ def build_model(model_dir):
         return init(name, np.array(v, dtype=dtype))
 
     def layer_norm(x, pfx):
-        return node("LayerNormalization", [x, init(pfx + ".weight", g(pfx + ".weight")), init(pfx + ".bias", g(pfx + ".bias"))], axis=-1, epsilon=eps)
+        gamma, beta = init(pfx + ".weight", g(pfx + ".weight")), init(pfx + ".bias", g(pfx + ".bias"))
+        if not legacy:
+            return node("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=eps)
+        m = node("ReduceMean", [x], axes=[-1], keepdims=1)
+        d = node("Sub", [x, m])
+        v = node("ReduceMean", [node("Pow", [d, const(pfx + ".two", 2.0)])], axes=[-1], keepdims=1)
+        n = node("Div", [d, node("Sqrt", [node("Add", [v, const(pfx + ".eps", eps)])])])
+        return node("Add", [node("Mul", [n, gamma]), beta])
 
     def linear(x, pfx):
         wt = init(pfx + ".weight.T", g(pfx + ".weight").T)
@@ -151,7 +161,7 @@ def build_model(model_dir):
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims) for n in (ids, mask, tt)]
     outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", h])]
     graph = helper.make_graph(nodes, "minilm", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14 if legacy else 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -229,7 +239,14 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median of each side is kept")
     ap.add_argument("--onnx", help="time this ONNX file on both sides instead of the model kiln builds")
+    ap.add_argument("--write-onnx", metavar="PATH", help="only write the ONNX graph built from --model to PATH")
+    ap.add_argument("--legacy", action="store_true", help="build it as exporters before opset 17 did (LayerNorm written out)")
     args = ap.parse_args()
+    if args.write_onnx:
+        import onnx
+
+        onnx.save(build_model(args.model, args.legacy), args.write_onnx)
+        return
     if not os.path.exists(args.kiln):
         subprocess.check_call(["cargo", "build", "--release", "--bin", "kiln"], cwd=ROOT)
     import onnxruntime as ort
@@ -239,7 +256,7 @@ def main():
         source = ["--onnx", os.path.abspath(args.onnx)]
         print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); both sides run {args.onnx}")
     else:
-        sess = session(build_model(args.model), args.threads)
+        sess = session(build_model(args.model, args.legacy), args.threads)
         source = ["--model", args.model]
         err = check_golden(sess)
         print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")

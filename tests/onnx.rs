@@ -142,3 +142,38 @@ fn real_int8_export_fusion_and_plans() {
     let aot = kiln(&["embed", "--onnx", mp, "--tokenizer", tp, "--plan", pp, "--json", texts[0], texts[1]]);
     assert_eq!(jit, aot, "plans compiled ahead of time give the JIT's embeddings");
 }
+
+/// MiniLM written as exporters wrote it before opset 17 (opset 14; LayerNorm as ReduceMean / Sub
+/// / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add; K transposed by perm (0,2,3,1); attention
+/// scaled by Div; erf-GELU written out; mean pooling and L2 norm in the graph), built by
+/// `scripts/ort_compare.py --write-onnx --legacy` from the model folder: kiln agrees with
+/// onnxruntime on it, and its kernels are those of kiln's own graph (13 layer norms, 6
+/// attentions).
+#[test]
+fn legacy_style_export_matches_onnxruntime_and_fuses() {
+    if !ready("onnx, onnxruntime, tokenizers, numpy") {
+        return;
+    }
+    let dir = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2"));
+    if !dir.join("model.safetensors").is_file() {
+        panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", dir.display());
+    }
+    let out = root().join("target/onnx-real/legacy");
+    std::fs::create_dir_all(&out).unwrap();
+    let model = out.join("minilm_legacy.onnx");
+    script(&["scripts/ort_compare.py", "--model", dir.to_str().unwrap(), "--write-onnx", model.to_str().unwrap(), "--legacy"]);
+    let case = out.join("case");
+    script(&["scripts/ort_testcase.py", model.to_str().unwrap(), dir.join("tokenizer.json").to_str().unwrap(), case.to_str().unwrap()]);
+    for kind in [Kind::Reference, Kind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&case), kind).unwrap();
+        assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", model.display());
+    }
+    use kiln_compiler::frontends::onnx::OnnxModel;
+    use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
+    let m = OnnxModel::open(&model, &[]).unwrap();
+    let own = build_bert(&BertConfig::minilm_l6(), "", BertOutputs::default()).unwrap();
+    let b = kiln_runtime::Bucket::new(8, 128);
+    let theirs = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program.kernels_by_kind();
+    let ours = kiln_compiler::pipeline::run_pipeline(&own, b).unwrap().program.kernels_by_kind();
+    assert_eq!(theirs, ours, "the legacy export's kernels vs kiln's own graph's");
+}

@@ -21,7 +21,7 @@ use crate::memory_plan::{plan_memory, MemoryPlan};
 use crate::passes::{standard_passes, LayoutPolicy, PassCtx};
 
 /// Every stage name [`dump_after`] and `KILN_DUMP` accept, in pipeline order.
-pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "dce", "layout", "fuse", "memory_plan"];
+pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "norms", "dce", "layout", "fuse", "memory_plan"];
 
 /// Everything the middle-end produces for one bucket: what a backend lowers from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

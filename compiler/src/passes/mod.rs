@@ -8,6 +8,7 @@
 //! | `const_fold` | evaluates nodes whose inputs are all constants (small results only) |
 //! | `simplify` | algebra: reshape/transpose chains collapse, identity reshapes/transposes/casts go, `x*1`, `x+0`, `x-0`, `x/1`, `--x` go, a last-two-dims transpose feeding a MatMul becomes its transpose flag |
 //! | `cse` | merges nodes with the same op, inputs and type |
+//! | `norms` | LayerNorm / RMSNorm written out as means and elementwise ops become the norm op |
 //! | `dce` | drops nodes no output depends on |
 //! | `layout` | decides weight layouts under the target's `LayoutPolicy` (see `kernel_ir::WeightLayout`) |
 
@@ -15,6 +16,7 @@ pub mod const_fold;
 pub mod cse;
 pub mod dce;
 pub mod layout;
+pub mod norms;
 pub mod simplify;
 pub mod specialize;
 
@@ -59,6 +61,7 @@ pub fn standard_passes() -> Vec<Box<dyn Pass>> {
         Box::new(const_fold::ConstFold),
         Box::new(simplify::Simplify),
         Box::new(cse::Cse),
+        Box::new(norms::Norms),
         Box::new(dce::Dce),
         Box::new(layout::LayoutPass),
     ]

@@ -168,7 +168,7 @@ impl OnnxModel {
                     known.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
                 )));
             }
-            // A name given one role loses any guessed role of the other kind.
+            // The name takes the given role; guessed dims of that role the caller did not name lose it.
             role_map.retain(|n, r| n != name && (*r != *role || roles.iter().any(|(m, _)| m == n)));
             role_map.insert(name.clone(), *role);
         }
