@@ -374,17 +374,11 @@ fn bench(
     profile: bool,
 ) -> Result<()> {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
-    use kiln_runtime::cpu::Threads;
     if let Some((file, dims)) = onnx {
         if !matches!(backend, BackendKind::Cpu) {
             return Err(Error::Unsupported("kiln bench --onnx times the cpu backend only".into()));
         }
-        let threads = match threads {
-            None => Threads::Auto,
-            Some(1) => Threads::Single,
-            Some(n) => Threads::Count(n),
-        };
-        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+        let be = CpuBackend::with_options(CpuOptions { threads: cpu_threads(threads), ..Default::default() })?;
         let peak = print_peak(be.threads());
         let m = kiln_compiler::frontends::onnx::OnnxModel::open(&file, &kiln::onnx::parse_dims(&dims)?)?;
         let iface = m.signature()?.graph();
@@ -405,12 +399,7 @@ fn bench(
     let flops = |b: Bucket| pipeline::compile_report(&m.graph, b).map(|r| r.matmul_flops as f64);
     match backend {
         BackendKind::Cpu => {
-            let threads = match threads {
-                None => Threads::Auto,
-                Some(1) => Threads::Single,
-                Some(n) => Threads::Count(n),
-            };
-            let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() })?;
+            let be = CpuBackend::with_options(CpuOptions { threads: cpu_threads(threads), ..Default::default() })?;
             let peak = print_peak(be.threads());
             let t = std::time::Instant::now();
             let w = be.upload(&weights, &m.graph)?;
@@ -444,6 +433,16 @@ fn bench(
         }
     }
     Ok(())
+}
+
+/// `--threads`: every core by default, 1 = no pool.
+fn cpu_threads(threads: Option<usize>) -> kiln_runtime::cpu::Threads {
+    use kiln_runtime::cpu::Threads;
+    match threads {
+        None => Threads::Auto,
+        Some(1) => Threads::Single,
+        Some(n) => Threads::Count(n),
+    }
 }
 
 /// Measures and prints this machine's FMA peak for `threads` threads.

@@ -256,6 +256,32 @@ impl<'m> Importer<'m> {
         self.push(name, Op::Cast { to: DType::I64 }, vec![r])
     }
 
+    /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
+    /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
+    fn norm_rows(&mut self, name: &str, x: ValueId, s: &[usize], ax: usize) -> R<(ValueId, usize, bool)> {
+        let last: usize = s[ax..].iter().product();
+        if ax + 1 == s.len() {
+            return Ok((x, last, false));
+        }
+        Ok((self.reshape(&self.fresh(name), x, &[s[..ax].iter().product(), last])?, last, true))
+    }
+
+    /// A norm's scale or bias as the `[last]` vector of dtype `dt` the norm op takes.
+    fn norm_channel(&mut self, name: &str, v: ValueId, last: usize, dt: DType, what: &str) -> R<ValueId> {
+        let mut v = v;
+        let s = self.shape(&Val::Node(v));
+        if s != [last] {
+            if s.iter().product::<usize>() != last {
+                return unsup(format!("{what} of shape {s:?}"));
+            }
+            v = self.reshape(&self.fresh(name), v, &[last])?;
+        }
+        if self.dtype(&Val::Node(v)) != dt {
+            v = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![v])?;
+        }
+        Ok(v)
+    }
+
     /// `x^y` for an exponent known only at run time, in f32: `exp(y·log|x|)`, negated where
     /// x < 0 and y is an odd integer, NaN where x < 0 and y is not an integer, 1 where y = 0
     /// (as C's `pow`). Integer and fractional parts come from casts to i64 (truncation).
@@ -718,21 +744,10 @@ impl<'m> Importer<'m> {
                 let x0 = self.node(&iname(0), &inp(0)?)?;
                 let s = self.shape(&Val::Node(x0));
                 let ax = shape::axis(at.int("axis", -1), s.len())?;
-                let last: usize = s[ax..].iter().product();
-                let flat = ax + 1 != s.len();
-                let x = if flat { self.reshape(&self.fresh(name), x0, &[s[..ax].iter().product(), last])? } else { x0 };
+                let (x, last, flat) = self.norm_rows(name, x0, &s, ax)?;
                 let dt = self.dtype(&Val::Node(x));
-                let mut g = self.node(&iname(1), &inp(1)?)?;
-                let gs = self.shape(&Val::Node(g));
-                if gs != [last] {
-                    if gs.iter().product::<usize>() != last {
-                        return unsup(format!("RMSNormalization scale of shape {gs:?}"));
-                    }
-                    g = self.reshape(&self.fresh(name), g, &[last])?;
-                }
-                if self.dtype(&Val::Node(g)) != dt {
-                    g = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![g])?;
-                }
+                let g = self.node(&iname(1), &inp(1)?)?;
+                let g = self.norm_channel(name, g, last, dt, "RMSNormalization scale")?;
                 let op = Op::RmsNorm { eps: at.float("epsilon", 1e-5) };
                 if !flat {
                     return one(self.push(name, op, vec![x, g])?);
@@ -746,9 +761,7 @@ impl<'m> Importer<'m> {
                 let x0 = self.node(&iname(0), &inp(0)?)?;
                 let s = self.shape(&Val::Node(x0));
                 let ax = shape::axis(at.int("axis", -1), s.len())?;
-                let last: usize = s[ax..].iter().product();
-                let flat = ax + 1 != s.len();
-                let x = if flat { self.reshape(&self.fresh(name), x0, &[s[..ax].iter().product(), last])? } else { x0 };
+                let (x, last, flat) = self.norm_rows(name, x0, &s, ax)?;
                 let eps = at.float("epsilon", 1e-5);
                 let dt = self.dtype(&Val::Node(x));
                 let mut gb = Vec::new();
@@ -757,18 +770,8 @@ impl<'m> Importer<'m> {
                         Some(v) => v,
                         None => Val::Lit(Lit::of(Elem::F32, vec![last], vec![fill; last])),
                     };
-                    let mut id = self.node(&iname(k), &v)?;
-                    let sh = self.shape(&Val::Node(id));
-                    if sh != [last] {
-                        if sh.iter().product::<usize>() != last {
-                            return unsup(format!("LayerNormalization scale/bias of shape {sh:?}"));
-                        }
-                        id = self.reshape(&self.fresh(name), id, &[last])?;
-                    }
-                    if self.dtype(&Val::Node(id)) != dt {
-                        id = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![id])?;
-                    }
-                    gb.push(id);
+                    let id = self.node(&iname(k), &v)?;
+                    gb.push(self.norm_channel(name, id, last, dt, "LayerNormalization scale/bias")?);
                 }
                 let y = if flat {
                     let y = self.push(&self.fresh(name), Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?;
