@@ -256,6 +256,18 @@ impl<'m> Importer<'m> {
         self.push(name, Op::Cast { to: DType::I64 }, vec![r])
     }
 
+    /// `v` rounded half up to an integer in [0, 255] (a uint8 held in f32).
+    fn round_u8(&mut self, name: &str, v: ValueId) -> R<ValueId> {
+        let lo = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+        let hi = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
+        let half = self.scalar(&self.fresh(name), 0.5, DType::F32)?;
+        let c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Min), vec![v, hi])?;
+        let c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Max), vec![c, lo])?;
+        let h = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![c, half])?;
+        let i = self.push(&self.fresh(name), Op::Cast { to: DType::I64 }, vec![h])?;
+        self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![i])
+    }
+
     /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
     /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
     fn norm_rows(&mut self, name: &str, x: ValueId, s: &[usize], ax: usize) -> R<(ValueId, usize, bool)> {
@@ -714,6 +726,88 @@ impl<'m> Importer<'m> {
                 }
                 let y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![d, l])?;
                 one(self.reshape(name, y, &s)?)
+            }
+            // Dynamic (per-batch) uint8 quantization, as onnxruntime's quantize_dynamic writes it:
+            // the quantized values are kept as integers held in f32 (kiln has no 8-bit type), and
+            // MatMulInteger below consumes them. Rounding is half up (`trunc(v + 0.5)` after
+            // clamping to [0, 255]), where ONNX says half to even: they differ only on exact ties.
+            "DynamicQuantizeLinear" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                if self.dtype(&Val::Node(x)) != DType::F32 {
+                    return unsup("DynamicQuantizeLinear of a non-f32 input");
+                }
+                let all: Vec<usize> = (0..self.shape(&Val::Node(x)).len()).collect();
+                let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.push(&s.fresh(name), Op::Binary(op), vec![a, b]);
+                let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+                let hi = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
+                let nx = self.push(&self.fresh(name), Op::Unary(UnaryOp::Neg), vec![x])?;
+                let nlo = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
+                let hi = bin(self, BinaryOp::Max, hi, zero)?;
+                let nlo = bin(self, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
+                let range = bin(self, BinaryOp::Add, hi, nlo)?;
+                let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
+                let scale = self.push(n.output.get(1).map(String::as_str).filter(|o| !o.is_empty()).unwrap_or(&self.fresh(name)), Op::Binary(BinaryOp::Div), vec![range, q])?;
+                let zf = bin(self, BinaryOp::Div, nlo, scale)?;
+                let zp = self.round_u8(name, zf)?;
+                let v = bin(self, BinaryOp::Div, x, scale)?;
+                let v = bin(self, BinaryOp::Add, v, zp)?;
+                let y = self.round_u8(name, v)?;
+                Ok(vec![y, scale, zp])
+            }
+            // Σ (a - a_zero)(b - b_zero) with the integers held in f32 (one GEMM); a known b
+            // (the weights) becomes an f32 weight at import.
+            "MatMulInteger" => {
+                let as_f32 = |s: &mut Self, v: ValueId| -> R<ValueId> {
+                    if s.dtype(&Val::Node(v)) == DType::F32 {
+                        return Ok(v);
+                    }
+                    s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![v])
+                };
+                let a = self.node(&iname(0), &inp(0)?)?;
+                let mut af = as_f32(self, a)?;
+                if let Some(z) = ins.get(2).cloned().flatten() {
+                    let z = self.node(&iname(2), &z)?;
+                    let z = as_f32(self, z)?;
+                    af = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![af, z])?;
+                }
+                let bf = match (inp(1)?, ins.get(3).cloned().flatten()) {
+                    (Val::Lit(b), zero) => {
+                        let zl = match zero {
+                            Some(Val::Lit(z)) => Some(z),
+                            Some(Val::Node(_)) => return unsup("a MatMulInteger zero point computed at run time for known weights"),
+                            None => None,
+                        };
+                        let mut w = Lit::of(Elem::F32, b.shape.clone(), b.floats());
+                        if let Some(z) = zl {
+                            let zv = z.floats();
+                            let n_out = *b.shape.last().unwrap_or(&1);
+                            if let super::tensor::LitData::F(v) = &mut w.data {
+                                for (i, x) in v.iter_mut().enumerate() {
+                                    *x -= if zv.len() == 1 { zv[0] } else { zv[i % n_out.max(1)] };
+                                }
+                            }
+                            if zv.len() != 1 && zv.len() != n_out {
+                                return unsup(format!("MatMulInteger weight zero point of {} values for {n_out} columns", zv.len()));
+                            }
+                        }
+                        w.weight = b.weight || w.numel() > 64;
+                        self.node(&format!("{}.int", iname(1)), &Val::Lit(w))?
+                    }
+                    (b, zero) => {
+                        let b = self.node(&iname(1), &b)?;
+                        let mut bf = as_f32(self, b)?;
+                        if let Some(z) = zero {
+                            let z = self.node(&iname(3), &z)?;
+                            let z = as_f32(self, z)?;
+                            bf = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![bf, z])?;
+                        }
+                        bf
+                    }
+                };
+                if self.shape(&Val::Node(af)).len() < 2 || self.shape(&Val::Node(bf)).len() < 2 {
+                    return unsup("MatMulInteger of vectors");
+                }
+                one(self.push(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![af, bf])?)
             }
             // The upper (or lower) triangle from diagonal k, as Where with a known mask.
             "Trilu" => {
@@ -1243,14 +1337,14 @@ fn is_lazy(l: &Lit) -> bool {
 /// Ops that fold a large initializer at import (dequantization patterns) rather than reading it
 /// as a weight.
 fn folds_weights(op: &str) -> bool {
-    matches!(op, "DequantizeLinear" | "Cast" | "Mul" | "Sub" | "Identity" | "Shape" | "Size")
+    matches!(op, "DequantizeLinear" | "Cast" | "Mul" | "Sub" | "Identity" | "Shape" | "Size" | "MatMulInteger")
 }
 
 /// Every op the importer knows (folded or as kiln ops), for `kiln onnx-ops`.
 pub const SUPPORTED: &[&str] = &[
-    "Abs", "Add", "And", "Cast", "CastLike", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout",
+    "Abs", "Add", "And", "Cast", "CastLike", "Clip", "Concat", "Constant", "ConstantOfShape", "DequantizeLinear", "Div", "Dropout", "DynamicQuantizeLinear",
     "CumSum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
-    "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "Min", "Mul", "Neg",
+    "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "MatMulInteger", "Max", "Min", "Mul", "Neg",
     "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
     "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid",
     "Size", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
