@@ -809,6 +809,21 @@ impl<'m> Importer<'m> {
                 }
                 one(self.push(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![af, bf])?)
             }
+            // (0 < x) - (x < 0), NaN kept (DeBERTa's relative positions use it; those fold).
+            "Sign" => {
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let dt = self.dtype(&Val::Node(x));
+                let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                let pos = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![z, x])?;
+                let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![x, z])?;
+                let s = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![pos, neg])?;
+                if !dt.is_float() {
+                    return one(s);
+                }
+                let nan = self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, x])?;
+                let nan = self.as_bool(&self.fresh(name), nan)?;
+                one(self.push(name, Op::Where, vec![nan, x, s])?)
+            }
             // The upper (or lower) triangle from diagonal k, as Where with a known mask.
             "Trilu" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
@@ -1346,7 +1361,7 @@ pub const SUPPORTED: &[&str] = &[
     "CumSum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
     "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "MatMulInteger", "Max", "Min", "Mul", "Neg",
     "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
-    "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid",
+    "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid", "Sign",
     "Size", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
     "Where", "Xor",
 ];

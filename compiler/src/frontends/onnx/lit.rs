@@ -142,10 +142,11 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             one(acc)
         }
         "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" | "Log" | "Softplus"
-        | "Sin" | "Cos" => {
+        | "Sin" | "Cos" | "Sign" => {
             let a = x(0)?;
             if !a.elem.is_float() {
                 return match op {
+                    "Sign" => one(zip_ints(&[a], |i| i[0].signum())?),
                     "Neg" => one(zip_ints(&[a], |i| i[0].wrapping_neg())?),
                     "Abs" => one(zip_ints(&[a], |i| i[0].wrapping_abs())?),
                     "Relu" => one(zip_ints(&[a], |i| i[0].max(0))?),
@@ -173,6 +174,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 (None, "Floor") => f[0].floor(),
                 (None, "Ceil") => f[0].ceil(),
                 (None, "Sin") => f[0].sin(),
+                (None, "Sign") if f[0] == 0.0 || f[0].is_nan() => f[0],
+                (None, "Sign") => f[0].signum(),
                 (None, _) => f[0].cos(),
             })?)
         }
