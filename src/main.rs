@@ -483,6 +483,21 @@ fn bench_cpu_bucket(
         let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
         let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
         let total: f64 = p.iter().map(|x| x.1).sum();
+        // The share of each kind of work: the plan's steps are the program's kernels, by name.
+        let program = pipeline::run_pipeline(graph, b)?.program;
+        let kind_of: std::collections::HashMap<&str, &str> = program.kernels.iter().map(|k| (k.name.as_str(), k.op.kind_name())).collect();
+        let mut shares: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+        for (name, ms) in &p {
+            let group = match kind_of.get(name.as_str()).copied().unwrap_or("other") {
+                "gemm" => "gemm",
+                "attention" => "attention",
+                "layer_norm" | "rms_norm" => "norms",
+                _ => "the rest",
+            };
+            *shares.entry(group).or_default() += ms;
+        }
+        let line: Vec<String> = shares.iter().map(|(g, ms)| format!("{g} {:.1}%", 100.0 * ms / total)).collect();
+        println!("bucket {b}: time by kind: {} ({total:.3} ms of kernels)", line.join(", "));
         p.sort_by(|a, b| b.1.total_cmp(&a.1));
         for (name, ms) in p.iter() {
             println!("  {ms:9.3} ms {:5.1}%  {name}", 100.0 * ms / total);

@@ -176,3 +176,20 @@ fn thread_counts_are_validated() {
         assert!(!ok && err.trim().lines().count() == 1 && err.contains(&format!("{n} threads: the thread count must be between 1 and 4096")), "{n}: {err}");
     }
 }
+
+/// `kiln bench --profile` prints the share of GEMM, attention, norms and the rest, which add up
+/// to the kernels' time.
+#[test]
+fn bench_profile_shares_add_up() {
+    let Some(dir) = model_dir() else { return };
+    let (ok, out, err) = kiln(&["bench", "--model", dir.to_str().unwrap(), "--bucket", "1x16", "--runs", "2", "--threads", "1", "--profile"]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.contains("time by kind:")).unwrap_or_else(|| panic!("no share line in:\n{out}"));
+    let mut sum = 0.0;
+    for kind in ["attention", "gemm", "norms", "the rest"] {
+        let at = line.find(&format!("{kind} ")).unwrap_or_else(|| panic!("{kind} missing: {line}"));
+        let pct: f64 = line[at + kind.len() + 1..].split('%').next().unwrap().parse().unwrap();
+        sum += pct;
+    }
+    assert!((sum - 100.0).abs() < 0.5, "{line}");
+}
