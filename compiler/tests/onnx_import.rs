@@ -239,3 +239,46 @@ fn dim_roles_override_the_guess() {
     let e = OnnxModel::open(&p, &[("tokens".into(), DimRole::Seq)]).unwrap_err().to_string();
     assert!(e.contains("no input has a dim named `tokens`") && e.contains("batch, sequence") && !e.contains('\n'), "{e}");
 }
+
+/// MatMulInteger with known int8 weights: the weights minus their per-column zero points
+/// become f32 weights; a zero point whose length is neither 1 nor the column count is refused
+/// with a one-line reason naming the node (not an out-of-range index).
+#[test]
+fn matmul_integer_weights_and_bad_zero_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = |zero: Vec<i64>| {
+        let w: Vec<u8> = (0..12).map(|i| (i as i8 - 6) as u8).collect();
+        let g = GraphProto {
+            node: vec![node("MatMulInteger", &["a", "w", "", "wz"], &["y"], vec![])],
+            input: vec![vi("a", 3, &[Err("batch"), Ok(4)])],
+            output: vec![vi("y", 6, &[Err("batch"), Ok(3)])],
+            initializer: vec![
+                tensor("w", tensor_proto::DataType::Int8, &[4, 3], vec![], vec![], Some(w)),
+                TensorProto { name: Some("wz".into()), data_type: Some(tensor_proto::DataType::Int8 as i32), dims: vec![zero.len() as i64], int32_data: zero.iter().map(|&z| z as i32).collect(), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            graph: Some(g),
+            ..Default::default()
+        };
+        write(dir.path(), &m.encode_to_vec())
+    };
+    // Per-column zero points 1, 2, 3: y = a · (W - z).
+    let m = OnnxModel::open(&model(vec![1, 2, 3]), &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b).unwrap();
+    let w = m.weights(&g).unwrap();
+    let a = HostTensor::i64(vec![1, 4], vec![1, 2, 3, 4]).unwrap();
+    let y = interpret(&g, &w, &[a], b).unwrap();
+    let want: Vec<f32> = (0..3)
+        .map(|c| (0..4).map(|r| (r + 1) as f32 * ((r * 3 + c) as f32 - 6.0 - (c + 1) as f32)).sum())
+        .collect();
+    assert_eq!(y[0].to_f32_vec(), want);
+    // Two zero points for three columns.
+    let m = OnnxModel::open(&model(vec![1, 2]), &[]).unwrap();
+    let e = m.graph_for(b).unwrap_err().to_string();
+    assert!(e.contains("MatMulInteger weight zero point of 2 values for 3 columns") && e.contains("n_y") && !e.contains('\n'), "{e}");
+}

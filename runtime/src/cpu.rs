@@ -218,30 +218,8 @@ impl CpuExecutable {
         }
         // Exactly the plan's types, as on the GPU: a backend converts nothing (the engine's
         // `Batch::check` names the graph input at fault before a plan ever sees it).
-        for (i, (t, b)) in inputs.iter().zip(&self.image.inputs).enumerate() {
-            if t.dtype() != b.dtype || t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
-                return Err(Error::bad_batch(format!(
-                    "input {i} is {} {:?}; the plan for bucket {} needs {} {:?}",
-                    t.dtype(),
-                    t.shape,
-                    self.image.bucket,
-                    b.dtype,
-                    b.shape
-                )));
-            }
-        }
-        for (i, (t, b)) in outputs.iter().zip(&self.image.outputs).enumerate() {
-            if t.dtype() != b.dtype || t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
-                return Err(Error::bad_batch(format!(
-                    "output buffer {i} is {} {:?}; the plan for bucket {} writes {} {:?}",
-                    t.dtype(),
-                    t.shape,
-                    self.image.bucket,
-                    b.dtype,
-                    b.shape
-                )));
-            }
-        }
+        check_tensors(inputs, &self.image.inputs, self.image.bucket, "input", "needs")?;
+        check_tensors(outputs, &self.image.outputs, self.image.bucket, "output buffer", "writes")?;
         for (t, b) in inputs.iter().zip(&self.image.inputs) {
             write_binding(self.arena.as_mut_slice(), b, &t.data);
         }
@@ -287,6 +265,22 @@ impl CpuExecutable {
 }
 
 /// Copies a tensor into its arena slot (of the same dtype: `run` checked).
+/// Each tensor has exactly its binding's dtype and shape (`what` 0, 1, ... names them).
+fn check_tensors(tensors: &[HostTensor], bindings: &[Binding], bucket: Bucket, what: &str, verb: &str) -> Result<()> {
+    for (i, (t, b)) in tensors.iter().zip(bindings).enumerate() {
+        if t.dtype() != b.dtype || t.shape != b.shape || t.numel() != b.shape.iter().product::<usize>() {
+            return Err(Error::bad_batch(format!(
+                "{what} {i} is {} {:?}; the plan for bucket {bucket} {verb} {} {:?}",
+                t.dtype(),
+                t.shape,
+                b.dtype,
+                b.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn write_binding(arena: &mut [u8], b: &Binding, d: &TensorData) {
     let dst = &mut arena[b.offset..b.offset + b.bytes()];
     macro_rules! put {

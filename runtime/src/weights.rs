@@ -351,11 +351,5 @@ pub fn load_graph_weights(
     path: &Path,
     table: &[crate::graph::WeightSpec],
 ) -> Result<Vec<HostTensor>> {
-    let source = WeightSource::Safetensors(path.to_path_buf());
-    let specs: Vec<TensorSpec> = table
-        .iter()
-        .map(|w| TensorSpec { source: source.clone(), name: w.name.clone(), dtype: w.dtype, shape: Some(w.shape.clone()) })
-        .collect();
-    let refs = block_on(loader.load_tensors(&specs))?;
-    Ok(refs.iter().map(|r| r.to_host()).collect())
+    load_table(loader, &WeightSource::Safetensors(path.to_path_buf()), table)
 }

@@ -18,7 +18,7 @@
 use kiln_runtime::graph::{BinaryOp, Dim, Graph, Op, UnaryOp, ValueId};
 use kiln_runtime::Result;
 
-use super::{splat_const, Pass, PassCtx, Rewriter};
+use super::{fixed_shape, splat_const, Pass, PassCtx, Rewriter};
 
 pub struct Simplify;
 
@@ -52,10 +52,6 @@ impl Pass for Simplify {
     }
 }
 
-fn fixed(shape: &[Dim]) -> Option<Vec<usize>> {
-    shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
-}
-
 /// `x = transpose(y, perm)`, `y = reshape(src)`, and a reshape of x to `out`: when y regroups
 /// src's leading dims (`src = A ++ T`, `y = B ++ T`, `∏A = ∏B`), perm keeps B in place and
 /// `out = A ++ perm(T)`, the whole chain is `transpose(src, id(A) ++ perm(T))`.
@@ -66,7 +62,7 @@ fn regrouped_transpose(g: &Graph, x: ValueId, out: &[Dim]) -> Option<(ValueId, V
         return None;
     }
     let src = g.node(y).inputs[0];
-    let (ss, ys, xs, os) = (fixed(&g.node(src).shape)?, fixed(&g.node(y).shape)?, fixed(&g.node(x).shape)?, fixed(out)?);
+    let (ss, ys, xs, os) = (fixed_shape(&g.node(src).shape)?, fixed_shape(&g.node(y).shape)?, fixed_shape(&g.node(x).shape)?, fixed_shape(out)?);
     for b in 0..ys.len() {
         if !is_identity(&perm[..b]) {
             break;

@@ -69,6 +69,20 @@ impl<'m> Importer<'m> {
         self.g.push(name.to_string(), op, inputs).map_err(|e| Fail::Unsupported(e.to_string()))
     }
 
+    /// An intermediate node, named after `base` with a fresh suffix.
+    fn tmp(&mut self, base: &str, op: Op, inputs: Vec<ValueId>) -> R<ValueId> {
+        let n = self.fresh(base);
+        self.push(&n, op, inputs)
+    }
+
+    /// `v` in dtype `to`: itself, or a Cast of it.
+    fn cast_to(&mut self, base: &str, v: ValueId, to: DType) -> R<ValueId> {
+        if self.dtype(&Val::Node(v)) == to {
+            return Ok(v);
+        }
+        self.tmp(base, Op::Cast { to }, vec![v])
+    }
+
     fn push_shaped(&mut self, name: &str, op: Op, inputs: Vec<ValueId>, shape: &[usize]) -> R<ValueId> {
         let s = shape.iter().map(|&d| Dim::Fixed(d)).collect();
         self.g.push_shaped(name.to_string(), op, inputs, Some(s)).map_err(|e| Fail::Unsupported(e.to_string()))
@@ -261,11 +275,11 @@ impl<'m> Importer<'m> {
         let lo = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
         let hi = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
         let half = self.scalar(&self.fresh(name), 0.5, DType::F32)?;
-        let c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Min), vec![v, hi])?;
-        let c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Max), vec![c, lo])?;
-        let h = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![c, half])?;
-        let i = self.push(&self.fresh(name), Op::Cast { to: DType::I64 }, vec![h])?;
-        self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![i])
+        let c = self.tmp(name, Op::Binary(BinaryOp::Min), vec![v, hi])?;
+        let c = self.tmp(name, Op::Binary(BinaryOp::Max), vec![c, lo])?;
+        let h = self.tmp(name, Op::Binary(BinaryOp::Add), vec![c, half])?;
+        let i = self.tmp(name, Op::Cast { to: DType::I64 }, vec![h])?;
+        self.tmp(name, Op::Cast { to: DType::F32 }, vec![i])
     }
 
     /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
@@ -288,10 +302,7 @@ impl<'m> Importer<'m> {
             }
             v = self.reshape(&self.fresh(name), v, &[last])?;
         }
-        if self.dtype(&Val::Node(v)) != dt {
-            v = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![v])?;
-        }
-        Ok(v)
+        self.cast_to(name, v, dt)
     }
 
     /// `x^y` for an exponent known only at run time, in f32: `exp(y·log|x|)`, negated where
@@ -299,16 +310,10 @@ impl<'m> Importer<'m> {
     /// (as C's `pow`). Integer and fractional parts come from casts to i64 (truncation).
     fn pow_general(&mut self, name: &str, x: ValueId, y: ValueId) -> R<ValueId> {
         let dx = self.dtype(&Val::Node(x));
-        let f32_of = |s: &mut Self, v: ValueId| -> R<ValueId> {
-            if s.dtype(&Val::Node(v)) == DType::F32 {
-                return Ok(v);
-            }
-            s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![v])
-        };
-        let (xf, yf) = (f32_of(self, x)?, f32_of(self, y)?);
-        let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.push(&s.fresh(name), Op::Binary(op), vec![a, b]);
-        let un = |s: &mut Self, op: UnaryOp, a: ValueId| s.push(&s.fresh(name), Op::Unary(op), vec![a]);
-        let cast = |s: &mut Self, to: DType, a: ValueId| s.push(&s.fresh(name), Op::Cast { to }, vec![a]);
+        let (xf, yf) = (self.cast_to(name, x, DType::F32)?, self.cast_to(name, y, DType::F32)?);
+        let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.tmp(name, Op::Binary(op), vec![a, b]);
+        let un = |s: &mut Self, op: UnaryOp, a: ValueId| s.tmp(name, Op::Unary(op), vec![a]);
+        let cast = |s: &mut Self, to: DType, a: ValueId| s.tmp(name, Op::Cast { to }, vec![a]);
         let a = un(self, UnaryOp::Abs, xf)?;
         let l = un(self, UnaryOp::Log, a)?;
         let pl = bin(self, BinaryOp::Mul, yf, l)?;
@@ -328,18 +333,18 @@ impl<'m> Importer<'m> {
         let neg_odd = bin(self, BinaryOp::Mul, neg, odd)?;
         let neg_odd = self.as_bool(&self.fresh(name), neg_odd)?;
         let nr = un(self, UnaryOp::Neg, r)?;
-        let r = self.push(&self.fresh(name), Op::Where, vec![neg_odd, nr, r])?;
+        let r = self.tmp(name, Op::Where, vec![neg_odd, nr, r])?;
         let neg_frac = bin(self, BinaryOp::Mul, neg, frac)?;
         let neg_frac = self.as_bool(&self.fresh(name), neg_frac)?;
         let nan = self.scalar(&self.fresh(name), f32::NAN, DType::F32)?;
-        let r = self.push(&self.fresh(name), Op::Where, vec![neg_frac, nan, r])?;
+        let r = self.tmp(name, Op::Where, vec![neg_frac, nan, r])?;
         let y0 = bin(self, BinaryOp::Eq, yf, zero)?;
         let y0 = self.as_bool(&self.fresh(name), y0)?;
         let one = self.scalar(&self.fresh(name), 1.0, DType::F32)?;
         if dx == DType::F32 {
             return self.push(name, Op::Where, vec![y0, one, r]);
         }
-        let r = self.push(&self.fresh(name), Op::Where, vec![y0, one, r])?;
+        let r = self.tmp(name, Op::Where, vec![y0, one, r])?;
         self.push(name, Op::Cast { to: dx }, vec![r])
     }
 
@@ -353,20 +358,20 @@ impl<'m> Importer<'m> {
             return unsup(format!("GatherND indices of depth {k} into rank {}", ds.len()));
         }
         let st = shape::strides(&ds[..k]);
-        let f = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![idx])?;
+        let f = self.tmp(name, Op::Cast { to: DType::F32 }, vec![idx])?;
         let dims = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![k], ds[..k].iter().map(|&d| d as f64).collect())))?;
         let strides = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![k], st.iter().map(|&d| d as f64).collect())))?;
         let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
-        let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![f, zero])?;
+        let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![f, zero])?;
         let neg = self.as_bool(&self.fresh(name), neg)?;
-        let up = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![f, dims])?;
-        let w = self.push(&self.fresh(name), Op::Where, vec![neg, up, f])?;
-        let p = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![w, strides])?;
-        let rows = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Sum, axes: vec![is.len() - 1], keep_dims: false }, vec![p])?;
-        let rows = self.push(&self.fresh(name), Op::Cast { to: DType::I64 }, vec![rows])?;
+        let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![f, dims])?;
+        let w = self.tmp(name, Op::Where, vec![neg, up, f])?;
+        let p = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![w, strides])?;
+        let rows = self.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes: vec![is.len() - 1], keep_dims: false }, vec![p])?;
+        let rows = self.tmp(name, Op::Cast { to: DType::I64 }, vec![rows])?;
         let rest: Vec<usize> = ds[k..].to_vec();
         let table = self.reshape(&self.fresh(name), data, &[ds[..k].iter().product(), rest.iter().product()])?;
-        let g = self.push(&self.fresh(name), Op::Gather, vec![table, rows])?;
+        let g = self.tmp(name, Op::Gather, vec![table, rows])?;
         let out: Vec<usize> = is[..is.len() - 1].iter().chain(&rest).copied().collect();
         self.reshape(name, g, &out)
     }
@@ -383,20 +388,20 @@ impl<'m> Importer<'m> {
             let dt = self.dtype(&Val::Node(ids));
             let z = self.scalar(&self.fresh(name), 0.0, dt)?;
             let n = self.scalar(&self.fresh(name), ds[ax] as f32, dt)?;
-            let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![ids, z])?;
+            let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![ids, z])?;
             let neg = self.as_bool(&self.fresh(name), neg)?;
-            let up = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![ids, n])?;
-            ids = self.push(&self.fresh(name), Op::Where, vec![neg, up, ids])?;
+            let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![ids, n])?;
+            ids = self.tmp(name, Op::Where, vec![neg, up, ids])?;
         }
         let rest: Vec<usize> = ds[..ax].iter().chain(&ds[ax + 1..]).copied().collect();
         let mut t = x;
         if ax != 0 {
             let perm: Vec<usize> = std::iter::once(ax).chain((0..r).filter(|&d| d != ax)).collect();
-            t = self.push(&self.fresh(name), Op::Transpose { perm }, vec![t])?;
+            t = self.tmp(name, Op::Transpose { perm }, vec![t])?;
         }
         let cols: usize = rest.iter().product();
         let table = self.reshape(&self.fresh(name), t, &[ds[ax], cols])?;
-        let g = self.push(&self.fresh(name), Op::Gather, vec![table, ids])?;
+        let g = self.tmp(name, Op::Gather, vec![table, ids])?;
         let gathered: Vec<usize> = is.iter().chain(&rest).copied().collect();
         if ax == 0 {
             return self.reshape(name, g, &gathered);
@@ -421,7 +426,7 @@ impl<'m> Importer<'m> {
         let table = self.reshape(&self.fresh(name), data, &[nrows, row_len])?;
         let lead = if lead.is_empty() { vec![1] } else { lead.to_vec() };
         let ids = self.node(&self.fresh(name), &Val::Lit(Lit::int(lead.clone(), rows)))?;
-        let g = self.push(&self.fresh(name), Op::Gather, vec![table, ids])?;
+        let g = self.tmp(name, Op::Gather, vec![table, ids])?;
         self.reshape(name, g, out)
     }
 
@@ -527,18 +532,18 @@ impl<'m> Importer<'m> {
                     // power of x < 0 is NaN (log of a negative number).
                     _ => {
                         let int = p.fract() == 0.0;
-                        let base = if int { self.push(&self.fresh(name), Op::Unary(UnaryOp::Abs), vec![x])? } else { x };
-                        let l = self.push(&self.fresh(name), Op::Unary(UnaryOp::Log), vec![base])?;
+                        let base = if int { self.tmp(name, Op::Unary(UnaryOp::Abs), vec![x])? } else { x };
+                        let l = self.tmp(name, Op::Unary(UnaryOp::Log), vec![base])?;
                         let c = self.scalar(&self.fresh(name), p as f32, dt)?;
-                        let pl = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![l, c])?;
+                        let pl = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![l, c])?;
                         let odd = int && (p % 2.0).abs() == 1.0;
                         if !odd {
                             return one(self.push(name, Op::Unary(UnaryOp::Exp), vec![pl])?);
                         }
-                        let y = self.push(&self.fresh(name), Op::Unary(UnaryOp::Exp), vec![pl])?;
-                        let ny = self.push(&self.fresh(name), Op::Unary(UnaryOp::Neg), vec![y])?;
+                        let y = self.tmp(name, Op::Unary(UnaryOp::Exp), vec![pl])?;
+                        let ny = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![y])?;
                         let z = self.scalar(&self.fresh(name), 0.0, dt)?;
-                        let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![x, z])?;
+                        let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![x, z])?;
                         let neg = self.as_bool(&self.fresh(name), neg)?;
                         one(self.push(name, Op::Where, vec![neg, ny, y])?)
                     }
@@ -588,8 +593,8 @@ impl<'m> Importer<'m> {
                 for (b, v) in [(BinaryOp::Max, lo), (BinaryOp::Min, hi)] {
                     if let Some(v) = v {
                         let c = self.node(&self.fresh(name), &v)?;
-                        let c = if self.dtype(&Val::Node(c)) != dt { self.push(&self.fresh(name), Op::Cast { to: dt }, vec![c])? } else { c };
-                        x = self.push(&self.fresh(name), Op::Binary(b), vec![x, c])?;
+                        let c = self.cast_to(name, c, dt)?;
+                        x = self.tmp(name, Op::Binary(b), vec![x, c])?;
                     }
                 }
                 one(x)
@@ -620,13 +625,13 @@ impl<'m> Importer<'m> {
                 let mut y = self.push(&mm, Op::MatMul { transpose_a: ta, transpose_b: tb }, vec![a, b])?;
                 if alpha != 1.0 {
                     let k = self.scalar(name, alpha, self.dtype(&Val::Node(y)))?;
-                    y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![y, k])?;
+                    y = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![y, k])?;
                 }
                 if let Some(c) = ins.get(2).cloned().flatten() {
                     let mut c = self.node(&iname(2), &c)?;
                     if beta != 1.0 {
                         let k = self.scalar(name, beta, self.dtype(&Val::Node(c)))?;
-                        c = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![c, k])?;
+                        c = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![c, k])?;
                     }
                     y = self.push(name, Op::Binary(BinaryOp::Add), vec![y, c])?;
                 }
@@ -643,7 +648,7 @@ impl<'m> Importer<'m> {
                 // Before opset 13: softmax of the input flattened to [prod(..axis), prod(axis..)].
                 let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
                 let f = self.reshape(&self.fresh(name), x, &flat)?;
-                let y = self.push(&self.fresh(name), Op::Softmax { axis: 1 }, vec![f])?;
+                let y = self.tmp(name, Op::Softmax { axis: 1 }, vec![f])?;
                 one(self.reshape(name, y, &s)?)
             }
             // A running sum along the axis as a product with a 0/1 triangular matrix (one GEMM;
@@ -679,11 +684,9 @@ impl<'m> Importer<'m> {
                 perm.swap(ax, r - 1);
                 let mut v = x;
                 if ax != r - 1 {
-                    v = self.push(&self.fresh(name), Op::Transpose { perm: perm.clone() }, vec![v])?;
+                    v = self.tmp(name, Op::Transpose { perm: perm.clone() }, vec![v])?;
                 }
-                if dt != DType::F32 {
-                    v = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![v])?;
-                }
+                v = self.cast_to(name, v, DType::F32)?;
                 let last = ax == r - 1 && dt == DType::F32;
                 let mm = if last { name.to_string() } else { self.fresh(name) };
                 let mut y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![v, tri])?;
@@ -716,15 +719,15 @@ impl<'m> Importer<'m> {
                     (self.reshape(&self.fresh(name), x, &flat)?, vec![1])
                 };
                 let keep = |op| Op::Reduce { op, axes: axes.clone(), keep_dims: true };
-                let m = self.push(&self.fresh(name), keep(ReduceOp::Max), vec![src])?;
-                let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![src, m])?;
-                let e = self.push(&self.fresh(name), Op::Unary(UnaryOp::Exp), vec![d])?;
-                let sum = self.push(&self.fresh(name), keep(ReduceOp::Sum), vec![e])?;
-                let l = self.push(&self.fresh(name), Op::Unary(UnaryOp::Log), vec![sum])?;
+                let m = self.tmp(name, keep(ReduceOp::Max), vec![src])?;
+                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![src, m])?;
+                let e = self.tmp(name, Op::Unary(UnaryOp::Exp), vec![d])?;
+                let sum = self.tmp(name, keep(ReduceOp::Sum), vec![e])?;
+                let l = self.tmp(name, Op::Unary(UnaryOp::Log), vec![sum])?;
                 if src == x {
                     return one(self.push(name, Op::Binary(BinaryOp::Sub), vec![d, l])?);
                 }
-                let y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![d, l])?;
+                let y = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![d, l])?;
                 one(self.reshape(name, y, &s)?)
             }
             // Dynamic (per-batch) uint8 quantization, as onnxruntime's quantize_dynamic writes it:
@@ -737,11 +740,11 @@ impl<'m> Importer<'m> {
                     return unsup("DynamicQuantizeLinear of a non-f32 input");
                 }
                 let all: Vec<usize> = (0..self.shape(&Val::Node(x)).len()).collect();
-                let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.push(&s.fresh(name), Op::Binary(op), vec![a, b]);
+                let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.tmp(name, Op::Binary(op), vec![a, b]);
                 let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
-                let hi = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
-                let nx = self.push(&self.fresh(name), Op::Unary(UnaryOp::Neg), vec![x])?;
-                let nlo = self.push(&self.fresh(name), Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
+                let hi = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
+                let nx = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])?;
+                let nlo = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
                 let hi = bin(self, BinaryOp::Max, hi, zero)?;
                 let nlo = bin(self, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
                 let range = bin(self, BinaryOp::Add, hi, nlo)?;
@@ -757,18 +760,12 @@ impl<'m> Importer<'m> {
             // Σ (a - a_zero)(b - b_zero) with the integers held in f32 (one GEMM); a known b
             // (the weights) becomes an f32 weight at import.
             "MatMulInteger" => {
-                let as_f32 = |s: &mut Self, v: ValueId| -> R<ValueId> {
-                    if s.dtype(&Val::Node(v)) == DType::F32 {
-                        return Ok(v);
-                    }
-                    s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![v])
-                };
                 let a = self.node(&iname(0), &inp(0)?)?;
-                let mut af = as_f32(self, a)?;
+                let mut af = self.cast_to(name, a, DType::F32)?;
                 if let Some(z) = ins.get(2).cloned().flatten() {
                     let z = self.node(&iname(2), &z)?;
-                    let z = as_f32(self, z)?;
-                    af = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![af, z])?;
+                    let z = self.cast_to(name, z, DType::F32)?;
+                    af = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![af, z])?;
                 }
                 let bf = match (inp(1)?, ins.get(3).cloned().flatten()) {
                     (Val::Lit(b), zero) => {
@@ -781,13 +778,13 @@ impl<'m> Importer<'m> {
                         if let Some(z) = zl {
                             let zv = z.floats();
                             let n_out = *b.shape.last().unwrap_or(&1);
-                            if let super::tensor::LitData::F(v) = &mut w.data {
-                                for (i, x) in v.iter_mut().enumerate() {
-                                    *x -= if zv.len() == 1 { zv[0] } else { zv[i % n_out.max(1)] };
-                                }
-                            }
                             if zv.len() != 1 && zv.len() != n_out {
                                 return unsup(format!("MatMulInteger weight zero point of {} values for {n_out} columns", zv.len()));
+                            }
+                            if let super::tensor::LitData::F(v) = &mut w.data {
+                                for (i, x) in v.iter_mut().enumerate() {
+                                    *x -= if zv.len() == 1 { zv[0] } else { zv[i % n_out] };
+                                }
                             }
                         }
                         w.weight = b.weight || w.numel() > 64;
@@ -795,11 +792,11 @@ impl<'m> Importer<'m> {
                     }
                     (b, zero) => {
                         let b = self.node(&iname(1), &b)?;
-                        let mut bf = as_f32(self, b)?;
+                        let mut bf = self.cast_to(name, b, DType::F32)?;
                         if let Some(z) = zero {
                             let z = self.node(&iname(3), &z)?;
-                            let z = as_f32(self, z)?;
-                            bf = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![bf, z])?;
+                            let z = self.cast_to(name, z, DType::F32)?;
+                            bf = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![bf, z])?;
                         }
                         bf
                     }
@@ -814,13 +811,13 @@ impl<'m> Importer<'m> {
                 let x = self.node(&iname(0), &inp(0)?)?;
                 let dt = self.dtype(&Val::Node(x));
                 let z = self.scalar(&self.fresh(name), 0.0, dt)?;
-                let pos = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![z, x])?;
-                let neg = self.push(&self.fresh(name), Op::Binary(BinaryOp::Lt), vec![x, z])?;
-                let s = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![pos, neg])?;
+                let pos = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![z, x])?;
+                let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![x, z])?;
+                let s = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![pos, neg])?;
                 if !dt.is_float() {
                     return one(s);
                 }
-                let nan = self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, x])?;
+                let nan = self.tmp(name, Op::Binary(BinaryOp::Ne), vec![x, x])?;
                 let nan = self.as_bool(&self.fresh(name), nan)?;
                 one(self.push(name, Op::Where, vec![nan, x, s])?)
             }
@@ -861,7 +858,7 @@ impl<'m> Importer<'m> {
                 if !flat {
                     return one(self.push(name, op, vec![x, g])?);
                 }
-                let y = self.push(&self.fresh(name), op, vec![x, g])?;
+                let y = self.tmp(name, op, vec![x, g])?;
                 one(self.reshape(name, y, &s)?)
             }
             // Over axes ax..: x seen as [Π s[..ax], Π s[ax..]] (one reshape each way). The
@@ -883,7 +880,7 @@ impl<'m> Importer<'m> {
                     gb.push(self.norm_channel(name, id, last, dt, "LayerNormalization scale/bias")?);
                 }
                 let y = if flat {
-                    let y = self.push(&self.fresh(name), Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?;
+                    let y = self.tmp(name, Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?;
                     self.reshape(name, y, &s)?
                 } else {
                     self.push(name, Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?
@@ -895,13 +892,13 @@ impl<'m> Importer<'m> {
                 let stat: Vec<usize> = s[..ax].iter().copied().chain(std::iter::repeat_n(1, s.len() - ax)).collect();
                 let r2 = self.shape(&Val::Node(x)).len();
                 let mean_op = Op::Reduce { op: ReduceOp::Mean, axes: vec![r2 - 1], keep_dims: true };
-                let mean = self.push(&self.fresh(name), mean_op.clone(), vec![x])?;
-                let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![x, mean])?;
-                let d2 = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![d, d])?;
-                let var = self.push(&self.fresh(name), mean_op, vec![d2])?;
+                let mean = self.tmp(name, mean_op.clone(), vec![x])?;
+                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, mean])?;
+                let d2 = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![d, d])?;
+                let var = self.tmp(name, mean_op, vec![d2])?;
                 let e = self.scalar(&self.fresh(name), eps, dt)?;
-                let ve = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![var, e])?;
-                let inv = self.push(&self.fresh(name), Op::Unary(UnaryOp::Rsqrt), vec![ve])?;
+                let ve = self.tmp(name, Op::Binary(BinaryOp::Add), vec![var, e])?;
+                let inv = self.tmp(name, Op::Unary(UnaryOp::Rsqrt), vec![ve])?;
                 let names: Vec<String> = (1..3).map(|k| n.output.get(k).filter(|o| !o.is_empty()).cloned().unwrap_or_else(|| self.fresh(name))).collect();
                 let mean = self.reshape(&names[0], mean, &stat)?;
                 let inv = self.reshape(&names[1], inv, &stat)?;
@@ -935,7 +932,7 @@ impl<'m> Importer<'m> {
                 axes.sort();
                 axes.dedup();
                 let keep_dims = at.int("keepdims", 1) != 0;
-                let un = |s: &mut Self, u: UnaryOp, v: ValueId| s.push(&s.fresh(name), Op::Unary(u), vec![v]);
+                let un = |s: &mut Self, u: UnaryOp, v: ValueId| s.tmp(name, Op::Unary(u), vec![v]);
                 let red = |s: &mut Self, nm: &str, op: ReduceOp, v: ValueId, keep: bool| {
                     s.push(nm, Op::Reduce { op, axes: axes.clone(), keep_dims: keep }, vec![v])
                 };
@@ -949,7 +946,7 @@ impl<'m> Importer<'m> {
                         one(self.push(name, Op::Unary(UnaryOp::Neg), vec![m])?)
                     }
                     "ReduceSumSquare" | "ReduceL2" => {
-                        let sq = self.push(&self.fresh(name), Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                        let sq = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![x, x])?;
                         if op == "ReduceSumSquare" {
                             return one(red(self, name, ReduceOp::Sum, sq, keep_dims)?);
                         }
@@ -966,14 +963,14 @@ impl<'m> Importer<'m> {
                     }
                     _ => {
                         let m = red(self, &self.fresh(name), ReduceOp::Max, x, true)?;
-                        let d = self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![x, m])?;
+                        let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, m])?;
                         let e = un(self, UnaryOp::Exp, d)?;
                         let s = red(self, &self.fresh(name), ReduceOp::Sum, e, true)?;
                         let l = un(self, UnaryOp::Log, s)?;
                         if keep_dims {
                             return one(self.push(name, Op::Binary(BinaryOp::Add), vec![l, m])?);
                         }
-                        let y = self.push(&self.fresh(name), Op::Binary(BinaryOp::Add), vec![l, m])?;
+                        let y = self.tmp(name, Op::Binary(BinaryOp::Add), vec![l, m])?;
                         let sh = self.shape(&Val::Node(x));
                         let out: Vec<usize> = (0..sh.len()).filter(|d| !axes.contains(d)).map(|d| sh[d]).collect();
                         one(self.reshape(name, y, &out)?)
@@ -986,7 +983,7 @@ impl<'m> Importer<'m> {
                 let x = self.node(&iname(0), &inp(0)?)?;
                 if to == Elem::Bool {
                     let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
-                    let r = self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, z])?;
+                    let r = self.tmp(name, Op::Binary(BinaryOp::Ne), vec![x, z])?;
                     return one(self.as_bool(name, r)?);
                 }
                 if self.dtype(&Val::Node(x)) == to.dtype() {
@@ -1046,9 +1043,7 @@ impl<'m> Importer<'m> {
                 let ax = shape::axis(at.int("axis", 0), r)?;
                 let dt = self.dtype(&Val::Node(xs[0]));
                 for x in xs.iter_mut() {
-                    if self.dtype(&Val::Node(*x)) != dt {
-                        *x = self.push(&self.fresh(name), Op::Cast { to: dt }, vec![*x])?;
-                    }
+                    *x = self.cast_to(name, *x, dt)?;
                 }
                 if xs.len() == 1 {
                     return one(xs[0]);
@@ -1164,7 +1159,7 @@ impl<'m> Importer<'m> {
                             let nm = self.fresh(name);
                             parts.push(self.push(&nm, Op::Slice { axis: ax, start: i, end: Dim::Fixed(i + 1) }, vec![x])?);
                         }
-                        let cat = if parts.len() == 1 { parts[0] } else { self.push(&self.fresh(name), Op::Concat { axis: ax }, parts)? };
+                        let cat = if parts.len() == 1 { parts[0] } else { self.tmp(name, Op::Concat { axis: ax }, parts)? };
                         let mut out = ds[..ax].to_vec();
                         out.extend(&l.shape);
                         out.extend(&ds[ax + 1..]);
@@ -1183,7 +1178,7 @@ impl<'m> Importer<'m> {
                 let dt = self.dtype(&Val::Node(x));
                 let n1 = out.iter().product();
                 let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, out.clone(), vec![1.0; n1])))?;
-                let ones = if dt != DType::F32 { self.push(&self.fresh(name), Op::Cast { to: dt }, vec![ones])? } else { ones };
+                let ones = if dt != DType::F32 { self.tmp(name, Op::Cast { to: dt }, vec![ones])? } else { ones };
                 one(self.push(name, Op::Binary(BinaryOp::Mul), vec![x, ones])?)
             }
             "Tile" => {
@@ -1195,7 +1190,7 @@ impl<'m> Importer<'m> {
                         if k > 64 {
                             return unsup(format!("Tile by {k}"));
                         }
-                        y = self.push(&self.fresh(name), Op::Concat { axis: ax }, vec![y; k as usize])?;
+                        y = self.tmp(name, Op::Concat { axis: ax }, vec![y; k as usize])?;
                     }
                 }
                 one(y)
@@ -1222,16 +1217,13 @@ impl<'m> Importer<'m> {
                         let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, xs.len() - axis - 1)).collect();
                         id = s.reshape(&s.fresh(name), id, &to)?;
                     }
-                    if s.dtype(&Val::Node(id)) != DType::F32 {
-                        id = s.push(&s.fresh(name), Op::Cast { to: DType::F32 }, vec![id])?;
-                    }
-                    Ok(Some(id))
+                    Ok(Some(s.cast_to(name, id, DType::F32)?))
                 };
                 let scale = param(self, 1)?.ok_or_else(|| Fail::Invalid("DequantizeLinear without a scale".into()))?;
                 let zero = param(self, 2)?;
-                let xf = self.push(&self.fresh(name), Op::Cast { to: DType::F32 }, vec![x])?;
+                let xf = self.tmp(name, Op::Cast { to: DType::F32 }, vec![x])?;
                 let xf = match zero {
-                    Some(z) => self.push(&self.fresh(name), Op::Binary(BinaryOp::Sub), vec![xf, z])?,
+                    Some(z) => self.tmp(name, Op::Binary(BinaryOp::Sub), vec![xf, z])?,
                     None => xf,
                 };
                 one(self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, scale])?)
@@ -1242,9 +1234,9 @@ impl<'m> Importer<'m> {
                 if da != db {
                     // Literals come in as f32 constants: meet the run-time operand's type.
                     if matches!(inp(0)?, Val::Lit(_)) {
-                        a = self.push(&self.fresh(name), Op::Cast { to: db }, vec![a])?;
+                        a = self.tmp(name, Op::Cast { to: db }, vec![a])?;
                     } else {
-                        b = self.push(&self.fresh(name), Op::Cast { to: da }, vec![b])?;
+                        b = self.tmp(name, Op::Cast { to: da }, vec![b])?;
                     }
                 }
                 let (k, x, y) = match op {
@@ -1258,16 +1250,16 @@ impl<'m> Importer<'m> {
                     "Or" => (BinaryOp::Max, a, b),
                     _ => (BinaryOp::Ne, a, b),
                 };
-                let r = self.push(&self.fresh(name), Op::Binary(k), vec![x, y])?;
+                let r = self.tmp(name, Op::Binary(k), vec![x, y])?;
                 one(self.as_bool(name, r)?)
             }
             "Not" | "IsNaN" => {
                 let x = self.node(&iname(0), &inp(0)?)?;
                 let r = if op == "Not" {
                     let z = self.scalar(name, 0.0, self.dtype(&Val::Node(x)))?;
-                    self.push(&self.fresh(name), Op::Binary(BinaryOp::Eq), vec![x, z])?
+                    self.tmp(name, Op::Binary(BinaryOp::Eq), vec![x, z])?
                 } else {
-                    self.push(&self.fresh(name), Op::Binary(BinaryOp::Ne), vec![x, x])?
+                    self.tmp(name, Op::Binary(BinaryOp::Ne), vec![x, x])?
                 };
                 one(self.as_bool(name, r)?)
             }

@@ -13,21 +13,26 @@ use crate::ops::eval;
 
 type R<T> = Result<T, String>;
 
-/// `out[i] = x[map(index of i)]` over `out_shape`.
-fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<Lit> {
-    let n = checked_numel(&out_shape)?;
-    let mut idx = vec![0usize; out_shape.len()];
-    let mut src = Vec::with_capacity(n);
+/// Visits the `n` row-major coordinates of `shape`.
+fn for_each_index(shape: &[usize], n: usize, mut f: impl FnMut(&[usize])) {
+    let mut idx = vec![0usize; shape.len()];
     for _ in 0..n {
-        src.push(map(&idx));
+        f(&idx);
         for d in (0..idx.len()).rev() {
             idx[d] += 1;
-            if idx[d] < out_shape[d] {
+            if idx[d] < shape[d] {
                 break;
             }
             idx[d] = 0;
         }
     }
+}
+
+/// `out[i] = x[map(index of i)]` over `out_shape`.
+fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<Lit> {
+    let n = checked_numel(&out_shape)?;
+    let mut src = Vec::with_capacity(n);
+    for_each_index(&out_shape, n, |idx| src.push(map(idx)));
     let data = match &x.data {
         LitData::F(v) => LitData::F(src.iter().map(|&i| v[i]).collect()),
         LitData::I(v) => LitData::I(src.iter().map(|&i| v[i]).collect()),
@@ -41,30 +46,34 @@ fn bidx(s: &[usize], st: &[usize], o: &[usize]) -> usize {
     s.iter().enumerate().map(|(d, &n)| if n == 1 { 0 } else { o[off + d] * st[d] }).sum()
 }
 
-/// Elementwise over broadcast inputs.
-fn zip_map(xs: &[&Lit], elem: Elem, f: impl Fn(&[f64], &[i64]) -> f64) -> R<Lit> {
+/// The broadcast shape of `xs`; `f` gets, for each output element in order, every input's
+/// offset of the element it reads.
+fn broadcast_each(xs: &[&Lit], mut f: impl FnMut(&[usize])) -> R<Vec<usize>> {
     let mut out = xs[0].shape.clone();
     for x in &xs[1..] {
         out = shape::broadcast(&out, &x.shape)?;
     }
     let sts: Vec<Vec<usize>> = xs.iter().map(|x| shape::strides(&x.shape)).collect();
+    let mut offs = vec![0usize; xs.len()];
+    for_each_index(&out, checked_numel(&out)?, |idx| {
+        for (k, x) in xs.iter().enumerate() {
+            offs[k] = bidx(&x.shape, &sts[k], idx);
+        }
+        f(&offs)
+    });
+    Ok(out)
+}
+
+/// Elementwise over broadcast inputs.
+fn zip_map(xs: &[&Lit], elem: Elem, f: impl Fn(&[f64], &[i64]) -> f64) -> R<Lit> {
     let fl: Vec<Vec<f64>> = xs.iter().map(|x| x.floats()).collect();
     let il: Vec<Vec<i64>> = xs.iter().map(|x| x.ints()).collect();
-    let n = checked_numel(&out)?;
-    let mut idx = vec![0usize; out.len()];
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let fs: Vec<f64> = (0..xs.len()).map(|k| fl[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
-        let is: Vec<i64> = (0..xs.len()).map(|k| il[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
+    let mut v = Vec::new();
+    let out = broadcast_each(xs, |o| {
+        let fs: Vec<f64> = o.iter().zip(&fl).map(|(&i, l)| l[i]).collect();
+        let is: Vec<i64> = o.iter().zip(&il).map(|(&i, l)| l[i]).collect();
         v.push(f(&fs, &is));
-        for d in (0..idx.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < out[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
+    })?;
     let mut l = Lit::of(elem, out, v);
     l.weight = xs.iter().any(|x| x.weight);
     Ok(l)
@@ -503,26 +512,12 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
 
 /// Elementwise over broadcast integer inputs, exactly (no f64 detour).
 fn zip_ints(xs: &[&Lit], f: impl Fn(&[i64]) -> i64) -> R<Lit> {
-    let mut out = xs[0].shape.clone();
-    for x in &xs[1..] {
-        out = shape::broadcast(&out, &x.shape)?;
-    }
-    let sts: Vec<Vec<usize>> = xs.iter().map(|x| shape::strides(&x.shape)).collect();
     let il: Vec<Vec<i64>> = xs.iter().map(|x| x.ints()).collect();
-    let n = checked_numel(&out)?;
-    let mut idx = vec![0usize; out.len()];
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let is: Vec<i64> = (0..xs.len()).map(|k| il[k][bidx(&xs[k].shape, &sts[k], &idx)]).collect();
+    let mut v = Vec::new();
+    let out = broadcast_each(xs, |o| {
+        let is: Vec<i64> = o.iter().zip(&il).map(|(&i, l)| l[i]).collect();
         v.push(f(&is));
-        for d in (0..idx.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < out[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
+    })?;
     Ok(Lit { elem: xs[0].elem, shape: out, data: LitData::I(v), weight: xs.iter().any(|x| x.weight) })
 }
 
