@@ -188,6 +188,72 @@ enum Cmd {
     OnnxOps {
         file: PathBuf,
     },
+    /// Serve embeddings over HTTP: POST /embed (text-embeddings-inference), POST /v1/embeddings
+    /// (OpenAI), GET /health, /info, /metrics (Prometheus). Requests are batched by length into
+    /// buckets; each bucket is compiled at its first request, or all come from --plan.
+    Serve {
+        /// Model directory (default: models/all-MiniLM-L6-v2, fetched if absent).
+        #[arg(long, conflicts_with = "onnx")]
+        model: Option<PathBuf>,
+        /// Serve an ONNX model instead (needs --tokenizer).
+        #[arg(long, requires = "tokenizer")]
+        onnx: Option<PathBuf>,
+        /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
+        #[arg(long, requires = "onnx")]
+        tokenizer: Option<PathBuf>,
+        /// How an ONNX model's per-token output becomes one vector (mean over real tokens, cls).
+        #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
+        pooling: PoolingKind,
+        /// The ONNX output to use (default: the first).
+        #[arg(long, requires = "onnx")]
+        output: Option<String>,
+        /// Which symbolic input dim of the ONNX model is the batch and which the sequence.
+        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
+        dim: Vec<String>,
+        /// Serve the plans of this artifact (`kiln compile -o`, for the same model): every plan
+        /// is mapped at start-up and nothing is compiled; its buckets are the ones served.
+        #[arg(long, conflicts_with = "backend")]
+        plan: Option<PathBuf>,
+        /// Run the plan only if it is signed by this key (repeatable).
+        #[arg(long, requires = "plan")]
+        trusted_key: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: BackendKind,
+        /// Address to listen on (0.0.0.0 for every interface).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Explicit buckets, e.g. `1x16,8x128` (default: the ladder of --rows x --seqs).
+        #[arg(long, value_delimiter = ',', conflicts_with = "plan")]
+        buckets: Vec<String>,
+        /// Rows of the bucket ladder.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+        rows: Vec<usize>,
+        /// Sequence lengths of the bucket ladder (capped at the model's longest input, which is
+        /// always a rung).
+        #[arg(long, value_delimiter = ',', default_value = "16,32,48,64,80,96,112,128,160,192,224,256,320,384,448,512")]
+        seqs: Vec<usize>,
+        /// Real tokens the batcher takes at once (cut into several batches as lengths require).
+        #[arg(long, default_value_t = 8192)]
+        max_batch_tokens: usize,
+        /// How long an idle engine waits for more texts after the first.
+        #[arg(long, default_value_t = 2)]
+        max_wait_ms: u64,
+        /// Texts per request (more → 413).
+        #[arg(long, default_value_t = 64)]
+        max_inputs: usize,
+        /// Texts admitted and not yet answered (more → 503 with Retry-After).
+        #[arg(long, default_value_t = 2048)]
+        max_queue: usize,
+        /// Tokens per text (default: the model's limit; ONNX models 512). Longer texts are
+        /// refused with 413, or cut when the request says "truncate": true.
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        /// Engine threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// Make an Ed25519 key pair for signing artifacts: PREFIX.key (secret, PKCS#8 PEM, mode 0600)
     /// and PREFIX.pub (public, SPKI PEM). Existing files are never overwritten.
     Keygen {
@@ -357,6 +423,50 @@ fn run(cli: Cli) -> Result<()> {
                 println!("not supported: {}", missing.join(", "));
             }
             Ok(())
+        }
+        Cmd::Serve {
+            model, onnx, tokenizer, pooling, output, dim, plan, trusted_key, backend, host, port, buckets, rows, seqs,
+            max_batch_tokens, max_wait_ms, max_inputs, max_queue, max_tokens, threads,
+        } => {
+            use kiln::embedder::open::{JitBackend, Ladder, ModelSource, OpenOptions, Runner};
+            let source = match onnx {
+                Some(file) => ModelSource::Onnx {
+                    file,
+                    tokenizer: tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?,
+                    dims: kiln::onnx::parse_dims(&dim)?,
+                    pooling: match pooling {
+                        PoolingKind::Mean => kiln::onnx::Pooling::Mean,
+                        PoolingKind::Cls => kiln::onnx::Pooling::Cls,
+                        PoolingKind::None => kiln::onnx::Pooling::None,
+                    },
+                    output,
+                },
+                None => ModelSource::Folder(resolve_model(model)?),
+            };
+            let runner = match plan {
+                Some(path) => Runner::Plan { path, trust: trust_policy(&trusted_key)? },
+                None => Runner::Jit(match backend {
+                    BackendKind::Cpu => JitBackend::Cpu,
+                    BackendKind::Cuda => JitBackend::Cuda,
+                    BackendKind::Reference => JitBackend::Reference,
+                }),
+            };
+            let explicit = buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
+            let ladder = Ladder { rows, seqs, explicit };
+            eprintln!("kiln serve: loading the model");
+            let (embedder, tok) =
+                kiln::embedder::open::open(OpenOptions { source, runner, ladder, max_tokens, threads: cpu_threads(threads) })?;
+            let opts = kiln::serve::ServeOptions {
+                addr: std::net::SocketAddr::new(host, port),
+                max_inputs,
+                max_queue,
+                batch: kiln::serve::batcher::BatchConfig {
+                    max_batch_tokens,
+                    max_wait: std::time::Duration::from_millis(max_wait_ms),
+                    ..Default::default()
+                },
+            };
+            kiln::serve::serve_until_signal(embedder, tok, opts)
         }
         Cmd::Bench { model, onnx, dim, bucket, backend, threads, runs, profile } => bench(model, onnx.map(|f| (f, dim)), &bucket, backend, threads, runs, profile),
     }

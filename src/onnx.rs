@@ -288,14 +288,24 @@ pub fn embed_onnx(
     pool(&out.tensors[k], &seqs, pooling).map_err(|m| Error::Unsupported(format!("{}: output `{}`: {m}", model_path.display(), graph.output_names[k])))
 }
 
-/// One vector per text from `t` (rows trimmed to the batch, tokens to the longest text).
+/// One vector per text from `t` (rows trimmed to the batch, tokens to the longest text): a
+/// rank-3 output pooled and L2-normalized, a rank-2 one as it is.
 pub fn pool(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
+    let v = pool_raw(t, seqs, pooling)?;
+    Ok(if t.shape.len() == 3 { v.into_iter().map(l2_normalize).collect() } else { v })
+}
+
+/// `e / max(‖e‖, 1e-12)`, the norm in f64.
+pub fn l2_normalize(mut e: Vec<f32>) -> Vec<f32> {
+    let n = e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt().max(1e-12);
+    e.iter_mut().for_each(|x| *x = (*x as f64 / n) as f32);
+    e
+}
+
+/// One vector per text from `t`, not normalized: a rank-2 output's rows, or a rank-3 output's
+/// mean over each text's real tokens (`Mean`) or first token (`Cls`).
+pub fn pool_raw(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
     let v = t.to_f32_vec();
-    let normalize = |mut e: Vec<f32>| {
-        let n = e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt().max(1e-12);
-        e.iter_mut().for_each(|x| *x = (*x as f64 / n) as f32);
-        e
-    };
     match (t.shape.len(), pooling) {
         (2, _) => Ok(v.chunks(t.shape[1]).map(|c| c.to_vec()).collect()),
         (3, Pooling::None) => Err("is per token (rank 3): choose --pooling mean or cls".into()),
@@ -312,7 +322,7 @@ pub fn pool(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result:
                             *x += v[(r * s + tk) * d + c] as f64;
                         }
                     }
-                    normalize(e.iter().map(|x| (x / n as f64) as f32).collect())
+                    e.iter().map(|x| (x / n as f64) as f32).collect()
                 })
                 .collect())
         }
