@@ -18,6 +18,11 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// `kiln serve`'s default ladder as clap defaults (Ladder::default() is the one definition; a
+/// unit test checks that these strings spell it).
+const DEFAULT_ROWS: &str = "1,2,4,8,16,32";
+const DEFAULT_SEQS: &str = "8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,144,160,176,192,208,224,240,256,288,320,352,384,416,448,480,512";
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 enum BackendKind {
     Reference,
@@ -228,17 +233,18 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', conflicts_with = "plan")]
         buckets: Vec<String>,
         /// Rows of the bucket ladder.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+        #[arg(long, value_delimiter = ',', default_value = DEFAULT_ROWS)]
         rows: Vec<usize>,
         /// Sequence lengths of the bucket ladder (capped at the model's longest input, which is
         /// always a rung).
-        #[arg(long, value_delimiter = ',', default_value = "16,32,48,64,80,96,112,128,160,192,224,256,320,384,448,512")]
+        #[arg(long, value_delimiter = ',', default_value = DEFAULT_SEQS)]
         seqs: Vec<usize>,
         /// Real tokens the batcher takes at once (cut into several batches as lengths require).
         #[arg(long, default_value_t = 8192)]
         max_batch_tokens: usize,
-        /// How long an idle engine waits for more texts after the first.
-        #[arg(long, default_value_t = 2)]
+        /// How long an idle engine waits for more texts after the first (under load batches
+        /// form while the engine runs; at idle a wait is latency).
+        #[arg(long, default_value_t = 0)]
         max_wait_ms: u64,
         /// Texts per request (more → 413).
         #[arg(long, default_value_t = 64)]
@@ -904,4 +910,15 @@ fn print_embeddings(texts: &[&str], emb: &[Vec<f32>], json: bool) {
     }
     // A closed pipe (`kiln embed ... | head`) is not an error worth a panic.
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), s.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn serve_defaults_spell_the_default_ladder() {
+        let l = kiln::embedder::open::Ladder::default();
+        let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+        assert_eq!(super::DEFAULT_ROWS, join(&l.rows));
+        assert_eq!(super::DEFAULT_SEQS, join(&l.seqs));
+    }
 }
