@@ -107,6 +107,7 @@ fn gemm_runner<'a>(
     epi: EpilogueRef<'a>,
     pool: Option<&'a ThreadPool>,
     isa: Isa,
+    split: Split,
 ) -> impl FnMut() + 'a {
     let mut c = vec![0.0f32; m * n];
     let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
@@ -125,7 +126,7 @@ fn gemm_runner<'a>(
             &mut scratch,
             pool,
             isa,
-            Split::Auto,
+            split,
         )
         .expect("gemm");
         black_box(&c);
@@ -217,7 +218,7 @@ fn main() {
             ..Default::default()
         };
         let plain = EpilogueRef::default();
-        let mk = |epi, pool| gemm_runner(m, k, n, &a, &pb, epi, pool, isa);
+        let mk = |epi, pool| gemm_runner(m, k, n, &a, &pb, epi, pool, isa, Split::Auto);
         let (mut p1, mut g1, mut p2, mut g2) = (
             mk(plain, None),
             mk(gelu, None),
@@ -237,6 +238,24 @@ fn main() {
                 100.0 * f2 / peak2
             );
         }
+    }
+
+    // The two ways to cut a GEMM over 2 threads, interleaved (Auto picks rows once every thread
+    // gets 4 strips of A rows).
+    println!();
+    println!("2-thread split, no epilogue, best of interleaved runs (% of the 2-thread peak):");
+    println!("{:>20} {:>12} {:>12}", "m×k·k×n", "B panels", "A rows");
+    for &(m, k, n) in shapes {
+        let a = rand_vec(m * k, 1);
+        let w = rand_vec(n * k, 2);
+        let pb = pack_b(&w, k, n, k, true).expect("pack");
+        let flops = 2.0 * (m * n * k) as f64;
+        let plain = EpilogueRef::default();
+        let mut by_panels = gemm_runner(m, k, n, &a, &pb, plain, Some(&pool2), isa, Split::Panels);
+        let mut by_rows = gemm_runner(m, k, n, &a, &pb, plain, Some(&pool2), isa, Split::Rows);
+        let t = best_of(min_time, &mut [&mut by_panels, &mut by_rows]);
+        let pc = |t: f64| 100.0 * flops / t / 1e9 / peak2;
+        println!("{:>20} {:>11.1}% {:>11.1}%", format!("{m}×{k}·{k}×{n}"), pc(t[0]), pc(t[1]));
     }
 
     println!();
