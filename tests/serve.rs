@@ -226,6 +226,11 @@ async fn every_error_has_its_status_and_a_json_message_and_the_server_goes_on() 
     let (st, _, v) = s.post("/embed", json!({ "inputs": long, "truncate": true }).to_string()).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v[0].as_array().unwrap().len(), 384);
+    // A large body (tokenized off the async workers), cut to the limit too.
+    let huge = sentence(2, 30_000);
+    let (st, _, v2) = s.post("/embed", json!({ "inputs": [huge, "short"], "truncate": true }).to_string()).await;
+    assert_eq!(st, 200, "{v2}");
+    assert_eq!(v2.as_array().unwrap().len(), 2);
 
     // Queue full: 8 long texts in a bucket never compiled keep the queue's 8 places while they
     // lower and run; a ninth text meanwhile gets 503 with Retry-After.

@@ -165,7 +165,7 @@ async fn embed(State(app): State<Arc<App>>, b: std::result::Result<Bytes, BytesR
     let texts = api::texts(&obj, "inputs")?;
     let normalize = api::flag(&obj, "normalize", true)?;
     let truncate = api::flag(&obj, "truncate", false)?;
-    let (vecs, _) = run(&app, &texts, truncate, normalize).await?;
+    let (vecs, _) = run(&app, texts, truncate, normalize).await?;
     Ok(Json(vecs).into_response())
 }
 
@@ -182,7 +182,7 @@ async fn openai(State(app): State<Arc<App>>, b: std::result::Result<Bytes, Bytes
         Some(v) => return Err(ApiError::validation(format!("`dimensions` is {v}; this model's embeddings have {dims} (no shortening)"))),
     }
     // OpenAI truncates nothing: a text over the limit is an error.
-    let (vecs, tokens) = run(&app, &texts, false, true).await?;
+    let (vecs, tokens) = run(&app, texts, false, true).await?;
     let data: Vec<serde_json::Value> = vecs
         .iter()
         .enumerate()
@@ -216,25 +216,40 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// Texts longer than this in all are tokenized on a blocking thread, so that a large body (up to
+/// the 2 MB limit) never holds up an async worker; shorter ones inline (no hand-off).
+const INLINE_TOKENIZE_BYTES: usize = 16 << 10;
+
+/// The token ids of each text, or the error of the first that cannot be embedded.
+fn tokenize(tok: &TextTokenizer, texts: &[String], truncate: bool) -> std::result::Result<Vec<Vec<i64>>, ApiError> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match tok.encode(t, truncate) {
+            Ok(ids) => Ok(ids),
+            Err(TokenizeError::TooLong { tokens, max }) => Err(ApiError::too_large(format!(
+                "input {i} has {tokens} tokens, more than the model's {max} (send \"truncate\": true to cut it)"
+            ))),
+            Err(TokenizeError::Empty) => Err(ApiError::validation(format!("input {i} has no tokens"))),
+            Err(TokenizeError::Failed(m)) => Err(ApiError::validation(format!("input {i}: {m}"))),
+        })
+        .collect()
+}
+
 /// Tokenizes, admits and waits for the embeddings of `texts`; also returns their token count.
-async fn run(app: &App, texts: &[String], truncate: bool, normalize: bool) -> std::result::Result<(Vec<Vec<f32>>, usize), ApiError> {
+async fn run(app: &Arc<App>, texts: Vec<String>, truncate: bool, normalize: bool) -> std::result::Result<(Vec<Vec<f32>>, usize), ApiError> {
     let n = texts.len();
     if n > app.opts.max_inputs {
         return Err(ApiError::too_large(format!("{n} inputs; this server takes at most {} per request", app.opts.max_inputs)));
     }
-    let mut seqs = Vec::with_capacity(n);
-    for (i, t) in texts.iter().enumerate() {
-        match app.tokenizer.encode(t, truncate) {
-            Ok(ids) => seqs.push(ids),
-            Err(TokenizeError::TooLong { tokens, max }) => {
-                return Err(ApiError::too_large(format!(
-                    "input {i} has {tokens} tokens, more than the model's {max} (send \"truncate\": true to cut it)"
-                )))
-            }
-            Err(TokenizeError::Empty) => return Err(ApiError::validation(format!("input {i} has no tokens"))),
-            Err(TokenizeError::Failed(m)) => return Err(ApiError::validation(format!("input {i}: {m}"))),
-        }
-    }
+    let seqs = if texts.iter().map(String::len).sum::<usize>() <= INLINE_TOKENIZE_BYTES {
+        tokenize(&app.tokenizer, &texts, truncate)?
+    } else {
+        let a = app.clone();
+        tokio::task::spawn_blocking(move || tokenize(&a.tokenizer, &texts, truncate))
+            .await
+            .map_err(|_| ApiError::backend("internal error: the tokenizer panicked (a kiln bug)"))??
+    };
     let tokens = seqs.iter().map(Vec::len).sum();
     let before = app.in_flight.fetch_add(n, Ordering::AcqRel);
     let admitted = Admitted { app, n };
@@ -244,10 +259,12 @@ async fn run(app: &App, texts: &[String], truncate: bool, normalize: bool) -> st
     app.metrics.in_flight.set((before + n) as i64);
     let (pending, rx) = Pending::new(n);
     for (slot, ids) in seqs.into_iter().enumerate() {
+        // Counted before it is sent: the batcher may take it (and count it out) at once.
+        app.metrics.queue_depth.inc();
         if app.queue.send(Item { ids, slot, req: pending.clone() }).is_err() {
+            app.metrics.queue_depth.dec();
             return Err(ApiError::overloaded("the server is shutting down"));
         }
-        app.metrics.queue_depth.inc();
     }
     let answer = rx.await.map_err(|_| ApiError::backend("the batcher stopped before answering"))?;
     drop(admitted);
