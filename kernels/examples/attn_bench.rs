@@ -1,5 +1,6 @@
-//! Fused attention at the MiniLM layer shape (batch 1, 12 heads, seq 128, head dim 32, key mask),
-//! 1 thread, best of many runs. `cargo run --release -p kiln-kernels --example attn_bench`
+//! Fused attention at the MiniLM layer shape (batch 1, 12 heads, head dim 32, key mask) for seq
+//! 128, 256 and 512 (or the seqs given as arguments), 1 thread, best of many runs.
+//! `cargo run --release -p kiln-kernels --example attn_bench [-- 128 512]`
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -10,7 +11,17 @@ use kiln_kernels::attention::{
 use kiln_kernels::detect_isa;
 
 fn main() {
-    let (s, d, h) = (128usize, 32usize, 12usize);
+    let mut seqs: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    if seqs.is_empty() {
+        seqs = vec![128, 256, 512];
+    }
+    for s in seqs {
+        bench(s);
+    }
+}
+
+fn bench(s: usize) {
+    let (d, h) = (32usize, 12usize);
     let hd = h * d;
     let dims = AttnDims { seq_q: s, seq_k: s, head_dim: d, head_dim_v: d };
     let qkv: Vec<f32> = (0..s * 3 * hd).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
@@ -19,7 +30,8 @@ fn main() {
     let mut scratch = vec![0.0f32; attention_batched_scratch_len(dims, 1)];
     let isa = detect_isa();
     let mut best = f64::MAX;
-    for _ in 0..2000 {
+    let runs = (2000 * 128 * 128 / (s * s)).max(20);
+    for _ in 0..runs {
         let t0 = Instant::now();
         let op = |off: usize| HeadsRef { data: &qkv[off..], batch_stride: s * 3 * hd, head_stride: d, row_stride: 3 * hd };
         attention_batched(
