@@ -8,6 +8,11 @@
 //!    sum (exact two-pass softmax on the row, in L1);
 //! 3. `O_blk = P·V` with the microkernel, then each output row is scaled by 1/sum.
 //!
+//! Padded keys: with one mask row for all queries, keys after the last open one are skipped when
+//! their probabilities are provably exactly 0 ([`padded_tail`]), so a short text in a long bucket
+//! pays attention for its own length only; the result is that over all keys up to the order in
+//! which the softmax sum adds its terms.
+//!
 //! A fully masked row (all scores -inf) gives an all-zero output row. With
 //! [`ATTN_ZERO_NAN_ROWS`] a row whose softmax is NaN (a NaN or +inf score, which makes every
 //! probability of the row NaN) has probabilities 0 instead: PyTorch's SDPA export guards its
@@ -87,14 +92,87 @@ pub const ATTN_ZERO_NAN_ROWS: u32 = 1;
 /// not null): seq_k floats per row, seq_q rows at strides.mask (or one row when 0); `scratch`
 /// writable for `attention_scratch_len(dims)` floats, disjoint from everything else.
 pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &Arch, isa: Isa) {
+    // SAFETY (both calls): the caller's contract, forwarded.
+    if let Some(skip) = unsafe { padded_tail(h) } {
+        if unsafe { head_over_keys(h, skip.keep, Some(skip.upper), scratch, arch, isa) } {
+            return;
+        }
+    }
+    unsafe { head_over_keys(h, h.dims.seq_k, None, scratch, arch, isa) };
+}
+
+/// Keys at the end that a broadcast mask pads out, and a bound on their scores.
+struct PaddedTail {
+    /// Keys `0..keep` are computed; `keep..seq_k` are skipped.
+    keep: usize,
+    /// An upper bound on every skipped key's score, mask included (computed scores, rounding
+    /// allowed for).
+    upper: f64,
+}
+
+/// A mask value at or below this makes a key a candidate for skipping.
+const PAD_CANDIDATE: f32 = -1000.0;
+
+/// Padded keys: with one mask row for all queries (BERT's `[batch, 1, 1, seq]` mask), the keys
+/// after the last one the mask leaves open (value > -1000) are skipped when that provably changes
+/// nothing: by Cauchy–Schwarz no skipped score exceeds `|scale|·max‖q‖·max‖k‖` plus its mask, and
+/// [`head_over_keys`] checks per row that this stays 110 below the row's max, where `exp` is
+/// exactly 0. Skipped K and V rows must be finite (a NaN or inf would reach the output through
+/// `0·v`). Costs O((seq_q + seq_k)·head_dim) against attention's O(seq_q·seq_k·head_dim).
+///
+/// # Safety
+/// As [`attention_head_raw`].
+unsafe fn padded_tail(h: &HeadDesc) -> Option<PaddedTail> {
+    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = h.dims;
+    if h.mask.is_null() || h.strides.mask != 0 || sk == 0 {
+        return None;
+    }
+    // SAFETY: one mask row of sk floats (strides.mask == 0).
+    let mask = unsafe { std::slice::from_raw_parts(h.mask, sk) };
+    // Open: above the candidate value, or NaN (never skipped).
+    let keep = mask.iter().rposition(|&m| m > PAD_CANDIDATE || m.is_nan()).map_or(0, |j| j + 1);
+    if keep == 0 || keep == sk {
+        return None;
+    }
+    let norm = |p: *const f32, n: usize| -> f64 {
+        // SAFETY: rows of the operands, inside their extents (caller contract).
+        let row = unsafe { std::slice::from_raw_parts(p, n) };
+        row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt()
+    };
+    let qmax = (0..sq).map(|i| norm(h.q.wrapping_add(i * h.strides.q), d)).fold(0f64, f64::max);
+    let mut kmax = 0f64;
+    for j in keep..sk {
+        kmax = kmax.max(norm(h.k.wrapping_add(j * h.strides.k), d));
+        // SAFETY: row j < sk of V.
+        let v = unsafe { std::slice::from_raw_parts(h.v.wrapping_add(j * h.strides.v), dv) };
+        if !kmax.is_finite() || v.iter().any(|x| !x.is_finite()) {
+            return None;
+        }
+    }
+    let mtail = mask[keep..].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let bound = (h.scale.abs() as f64) * qmax * kmax;
+    // The computed dot product may exceed the exact one by d·eps·‖q‖‖k‖; the mask's addition
+    // rounds once more.
+    let upper = bound * (1.0 + 1e-4) + mtail * (1.0 - 1e-6);
+    (upper.is_finite() || upper == f64::NEG_INFINITY).then_some(PaddedTail { keep, upper })
+}
+
+/// Attention of one head over keys `0..keys`. With `skipped_upper` (keys `keys..seq_k` skipped,
+/// their scores at most that), returns false as soon as a row's max is not far enough above it
+/// for the skipped keys' probabilities to be exactly 0; the caller then runs all keys.
+///
+/// # Safety
+/// As [`attention_head_raw`]; `keys <= seq_k`.
+unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, scratch: *mut f32, arch: &Arch, isa: Isa) -> bool {
     let AttnDims {
         seq_q: sq,
-        seq_k: sk,
+        seq_k: _,
         head_dim: d,
         head_dim_v: dv,
     } = h.dims;
+    let sk = keys;
     if sq == 0 || dv == 0 {
-        return;
+        return true;
     }
     let rb_max = ROW_BLOCK.min(sq);
     let kpack = align64(scratch);
@@ -143,7 +221,15 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
                 } else {
                     h.mask.add((r0 + i) * h.strides.mask)
                 };
-                let (_, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
+                let (max, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
+                if let Some(upper) = skipped_upper {
+                    // A skipped key's exp(score - max) is exactly 0 when its score is more than
+                    // 104 below the row's max; otherwise (or a NaN max) run all keys.
+                    let clear = upper + 110.0 < max as f64;
+                    if !clear {
+                        return false;
+                    }
+                }
                 *inv.add(i) = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                 if h.zero_nan_rows && sum.is_nan() {
                     // Probabilities 0: the row becomes 0·V (NaN only where V is not finite).
@@ -171,6 +257,7 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
             r0 += rb;
         }
     }
+    true
 }
 
 /// Elements a row-major view spans (0 when empty), as an error when the stride is too small.

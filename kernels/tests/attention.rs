@@ -422,3 +422,79 @@ fn bad_arguments_are_errors() {
     );
     assert!(matches!(r, Err(KernelError::Invalid(_))), "{r:?}");
 }
+
+/// One head through `attention_f32` with a broadcast key mask (`per_row == false`, where padded
+/// keys may be skipped) or the same mask repeated for every query (never skipped).
+#[allow(clippy::too_many_arguments)]
+fn head_with_mask(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], dims: AttnDims, d: usize, per_row: bool, isa: Isa) -> Vec<f32> {
+    let (sq, sk) = (dims.seq_q, dims.seq_k);
+    let full: Vec<f32> = if per_row { (0..sq).flat_map(|_| mask.iter().copied()).collect() } else { mask.to_vec() };
+    let mut out = vec![f32::NAN; sq * dims.head_dim_v];
+    let mut scratch = vec![0.0f32; attention_scratch_len(dims)];
+    let strides = AttnStrides { q: d, k: d, v: dims.head_dim_v, out: dims.head_dim_v, mask: if per_row { sk } else { 0 } };
+    attention_f32(q, k, v, Some(&full), &mut out, dims, strides, 1.0 / (d as f32).sqrt(), &mut scratch, isa).unwrap();
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Padded keys (after the last open key of a broadcast mask) are skipped with no change to the
+/// result beyond the order of the softmax sum: within 1e-6 of what the same mask per query row
+/// (never skipped) gives, for BERT's -10000, -inf and f32::MIN padding, on both ISAs, and close
+/// to the f64 reference.
+#[test]
+fn padded_keys_are_skipped_without_changing_a_bit() {
+    for isa in isas() {
+        for (sq, sk, keep) in [(128, 128, 37), (20, 200, 5), (96, 384, 300), (7, 64, 63)] {
+            for pad in [-10000.0f32, f32::NEG_INFINITY, f32::MIN] {
+                let d = 32;
+                let mut r = Rng::new(sk as u64 * 31 + keep as u64);
+                let (q, k, v) = (r.vec(sq * d), r.vec(sk * d), r.vec(sk * d));
+                let mask: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { pad }).collect();
+                let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
+                let skipped = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
+                let full = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
+                let worst = skipped.iter().zip(&full).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0f32, f32::max);
+                assert!(worst <= 1e-6, "{isa:?} {sq}x{sk} keep {keep} pad {pad}: {worst:e}");
+                let want = reference(&q, d, &k, d, &v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
+                assert_close(&skipped, d, &want, dims, "padded keys");
+            }
+        }
+    }
+}
+
+/// Where skipping would change the answer it is not done: scores so large that -10000 does not
+/// make a padded key negligible, and a NaN or inf in a padded key's K or V row (which reaches the
+/// output through 0·v over all keys).
+#[test]
+fn padded_keys_that_matter_are_not_skipped() {
+    let isa = isas()[0];
+    let (sq, sk, keep, d) = (16, 64, 20, 32);
+    let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
+    let mut r = Rng::new(5);
+    let q: Vec<f32> = r.vec(sq * d).iter().map(|x| x * 2000.0).collect();
+    let mut k: Vec<f32> = r.vec(sk * d).iter().map(|x| x * 2000.0).collect();
+    let mut v = r.vec(sk * d);
+    let mask: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { -10000.0 }).collect();
+    let a = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
+    let b = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
+    assert_eq!(bits(&a), bits(&b), "huge scores");
+    // The padded keys really matter here (else this case would test nothing).
+    let open: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { f32::NEG_INFINITY }).collect();
+    assert_ne!(bits(&head_with_mask(&q, &k, &v, &open, dims, d, true, isa)), bits(&b));
+    for (which, x) in [("v", f32::NAN), ("v", f32::INFINITY), ("k", f32::NAN)] {
+        let (mut k2, mut v2) = (k.clone(), v.clone());
+        match which {
+            "v" => v2[(keep + 3) * d + 1] = x,
+            _ => k2[(keep + 3) * d + 1] = x,
+        }
+        let a = head_with_mask(&q, &k2, &v2, &mask, dims, d, false, isa);
+        let b = head_with_mask(&q, &k2, &v2, &mask, dims, d, true, isa);
+        assert_eq!(bits(&a), bits(&b), "{which} = {x} in a padded row");
+        assert!(a.iter().any(|y| !y.is_finite()), "{which} = {x}: the non-finite value must show");
+    }
+    k.clear();
+    v.clear();
+}
