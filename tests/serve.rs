@@ -356,3 +356,21 @@ async fn the_cli_serves_and_stops_on_sigterm() {
     assert!(code.success(), "exit {code:?}: {rest}");
     assert!(rest.contains("shutting down") && rest.contains("stopped"), "{rest}");
 }
+
+/// An explicit bucket list caps the text length at its longest bucket: a longer text is a 413
+/// (or truncated on request), never an engine error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_buckets_cap_the_text_length() {
+    if model_dir().is_none() {
+        return;
+    }
+    let ladder = Ladder { explicit: vec![Bucket::new(4, 32)], ..Ladder::default() };
+    let s = Server::start(Runner::Jit(JitBackend::Cpu), ladder, ServeOptions::default()).await;
+    let long = sentence(3, 60);
+    let (st, _, v) = s.post("/embed", json!({ "inputs": long }).to_string()).await;
+    assert_eq!(st, 413, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("more than the model's 32"), "{v}");
+    let (st, _, v) = s.post("/embed", json!({ "inputs": [long, "short"], "truncate": true }).to_string()).await;
+    assert_eq!(st, 200, "{v}");
+    s.stop().await;
+}

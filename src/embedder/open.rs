@@ -116,13 +116,12 @@ pub fn open(opts: OpenOptions) -> Result<(SharedEmbedder, TextTokenizer)> {
         m.max_tokens = m.max_tokens.min(cap);
     }
     let buckets = match &artifact {
-        Some(a) => {
-            // The artifact's buckets are all there is: no text may be longer than its longest.
-            m.max_tokens = m.max_tokens.min(a.header.buckets.iter().map(|b| b.seq).max().unwrap_or(0));
-            a.header.buckets.clone()
-        }
+        Some(a) => a.header.buckets.clone(),
         None => opts.ladder.buckets(m.max_tokens)?,
     };
+    // The buckets are all there is: no text may be longer than the longest (an artifact's, or
+    // an explicit list's), so longer ones are refused (413) or truncated, never unrunnable.
+    m.max_tokens = m.max_tokens.min(buckets.iter().map(|b| b.seq).max().unwrap_or(0));
     let tokenizer = TextTokenizer::from_file(&m.tokenizer, m.max_tokens, m.vocab)?;
     let threads = opts.threads;
     let e: SharedEmbedder = match (&opts.runner, artifact) {
