@@ -231,12 +231,7 @@ pub fn embed_onnx(
     let model = std::sync::Arc::new(OnnxModel::open(model_path, dims)?);
     let sig = model.signature()?;
     let graph = sig.graph();
-    let k = match output {
-        Some(n) => graph.output_names.iter().position(|o| o == n).ok_or_else(|| {
-            Error::bad_batch(format!("{} has no output `{n}` (outputs: {})", model_path.display(), graph.output_names.join(", ")))
-        })?,
-        None => 0,
-    };
+    let k = output_index(&graph, output, model_path)?;
     let tok_err = |m: String| Error::Model { path: tokenizer.to_path_buf(), message: m };
     let mut tok = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| tok_err(e.to_string()))?;
     tok.with_padding(None);
@@ -286,6 +281,17 @@ pub fn embed_onnx(
         }
     };
     pool(&out.tensors[k], &seqs, pooling).map_err(|m| Error::Unsupported(format!("{}: output `{}`: {m}", model_path.display(), graph.output_names[k])))
+}
+
+/// The index of the output named `output` (None: the first) of an ONNX model's graph, or a
+/// one-line error listing the outputs.
+pub fn output_index(graph: &kiln_runtime::Graph, output: Option<&str>, model_path: &Path) -> Result<usize> {
+    match output {
+        Some(n) => graph.output_names.iter().position(|o| o == n).ok_or_else(|| {
+            Error::bad_batch(format!("{} has no output `{n}` (outputs: {})", model_path.display(), graph.output_names.join(", ")))
+        }),
+        None => Ok(0),
+    }
 }
 
 /// One vector per text from `t` (rows trimmed to the batch, tokens to the longest text): a

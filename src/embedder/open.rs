@@ -178,12 +178,7 @@ fn load(source: &ModelSource, artifact: Option<&Artifact>) -> Result<Loaded> {
             if let Some(a) = artifact {
                 a.check_graph(&graph).map_err(|e| e.context(format!("model {}", file.display())))?;
             }
-            let k = match output {
-                Some(n) => graph.output_names.iter().position(|o| o == n).ok_or_else(|| {
-                    Error::bad_batch(format!("{} has no output `{n}` (outputs: {})", file.display(), graph.output_names.join(", ")))
-                })?,
-                None => 0,
-            };
+            let k = crate::onnx::output_index(&graph, output.as_deref(), file)?;
             let loader = kiln_compiler::frontends::onnx::OnnxLoader::with_model(model.clone());
             let weights = kiln_runtime::load_table(&loader, &kiln_runtime::WeightSource::Onnx(model.path.clone()), &graph.weights)?;
             Ok(Loaded {
