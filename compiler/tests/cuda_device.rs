@@ -310,3 +310,75 @@ fn bench_buckets() {
         );
     }
 }
+
+/// Where a bucket's GPU time goes (`KILN_BENCH_BUCKETS`, default 128x128): each launch timed on
+/// its own, summed per emitted kernel variant, with the matrix products' TFLOP/s; then the same
+/// bucket with every f32 GEMM forced to each SIMT tiling, GEMM rows only, to compare tilings
+/// per shape. Printed as text; scripts/gpu_check.sh keeps it as profile.txt.
+#[test]
+#[ignore]
+fn profile_buckets() {
+    use kiln_compiler::codegen::cuda::{compile_lowered, GemmTile};
+    use kiln_compiler::kernel_ir::KernelOp;
+    use kiln_compiler::passes::LayoutPolicy;
+    use kiln_compiler::pipeline::run_pipeline_for;
+    use std::collections::BTreeMap;
+    let Some(be) = backend() else { return };
+    let g = build_bert(&BertConfig::minilm_l6(), "", BertOutputs::default()).unwrap();
+    let w = random_weights(&g);
+    let buckets: Vec<Bucket> = std::env::var("KILN_BENCH_BUCKETS")
+        .unwrap_or_else(|_| "128x128".into())
+        .split(',')
+        .map(|s| Bucket::parse(s).unwrap())
+        .collect();
+    let dev = be.device().clone();
+    let weights = dev.upload_weights(&w).unwrap();
+    let auto = CudaTarget::new(&dev.arch()).unwrap();
+    let mut targets = vec![(auto.clone(), false)];
+    for tile in GemmTile::ALL {
+        targets.push((auto.clone().with_gemm_tile(tile), true));
+    }
+    for (b, (target, gemm_only)) in buckets.iter().flat_map(|b| targets.iter().map(move |t| (*b, t))) {
+        let lowered = run_pipeline_for(&g, b, LayoutPolicy::Checkpoint).unwrap();
+        let compiled = compile_lowered(&g, &lowered, target).unwrap();
+        assert_eq!(compiled.module.kernels.len(), lowered.program.kernels.len());
+        let mut plan = dev.load_plan(compiled.spec.clone(), &weights).unwrap();
+        let inputs = token_batch(b, 30522, &vec![b.seq; b.batch]);
+        let mut out = Outputs::for_bucket(&g, b);
+        plan.run(&Batch { tensors: inputs }, &mut out).unwrap();
+        let times = plan.time_each_launch(20).unwrap();
+        // (count, ms, flops) per emitted variant and problem shape.
+        let mut rows: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+        for ((k, e), ms) in lowered.program.kernels.iter().zip(&compiled.module.kernels).zip(&times) {
+            let (shape, flops) = match &k.op {
+                KernelOp::Gemm { batch, m, n, k, .. } => {
+                    let nb: usize = batch.iter().product();
+                    (format!("{nb}x {m}x{n}x{k}"), 2.0 * (nb * m * n * k) as f64)
+                }
+                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, .. } => {
+                    let nb: usize = batch.iter().product();
+                    (format!("{nb}x {seq_q}x{seq_kv} d{head_dim}"), 2.0 * (nb * seq_q * seq_kv * (head_dim + v_dim)) as f64)
+                }
+                _ => (String::new(), 0.0),
+            };
+            let r = rows.entry(format!("{:<22} {shape}", e.kind)).or_default();
+            r.0 += 1;
+            r.1 += *ms as f64;
+            r.2 += flops;
+        }
+        let total: f64 = times.iter().map(|&t| t as f64).sum();
+        match target.gemm_tile {
+            None => println!("bucket {b}: {} launches, {total:.3} ms summed one by one", times.len()),
+            Some(t) => println!("bucket {b}, every GEMM {t:?}: {total:.3} ms in all"),
+        }
+        let mut sorted: Vec<_> = rows.into_iter().collect();
+        sorted.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        for (name, (n, ms, flops)) in sorted {
+            if *gemm_only && !name.starts_with("gemm") {
+                continue;
+            }
+            let tf = if flops > 0.0 { format!("{:7.1} TFLOP/s", flops / (ms * 1e-3) / 1e12) } else { String::new() };
+            println!("  {name:<44} x{n:<3} {ms:8.3} ms {:5.1}%  {tf}", 100.0 * ms / total);
+        }
+    }
+}

@@ -6,7 +6,7 @@
 
 use kiln_compiler::reference::interpret;
 use kiln_testkit::cuda_emu::{host_compiler, EmuModule};
-use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget};
+use kiln_compiler::codegen::cuda::{emit_graph, CudaTarget, GemmTile};
 use kiln_compiler::ir::GraphBuilder;
 use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
 use kiln_runtime::graph::{Dim, InputRole, ReduceOp};
@@ -46,8 +46,12 @@ fn weights_for(g: &Graph, seed: u64) -> Vec<HostTensor> {
 /// Emits `g` for `bucket` and `arch`, runs it emulated and with the reference interpreter, and
 /// checks every output within `tol` (max abs diff relative to max(1, |reference|)).
 fn check(name: &str, g: &Graph, weights: &[HostTensor], inputs: &[HostTensor], bucket: Bucket, arch: &str, tol: f64) -> Vec<String> {
-    let target = CudaTarget::new(arch).unwrap();
-    let e = emit_graph(g, bucket, &target).unwrap_or_else(|err| panic!("{name}: emit: {err}"));
+    check_on(name, g, weights, inputs, bucket, &CudaTarget::new(arch).unwrap(), tol)
+}
+
+/// [`check`] for a given target (a forced GEMM tiling).
+fn check_on(name: &str, g: &Graph, weights: &[HostTensor], inputs: &[HostTensor], bucket: Bucket, target: &CudaTarget, tol: f64) -> Vec<String> {
+    let e = emit_graph(g, bucket, target).unwrap_or_else(|err| panic!("{name}: emit: {err}"));
     let kinds: Vec<String> = e.module.kernels.iter().map(|k| k.kind.clone()).collect();
     let m = EmuModule::build(&e.module).unwrap_or_else(|err| panic!("{name}: {err}"));
     let got = m.run_plan(&e.spec, weights, inputs).unwrap_or_else(|err| panic!("{name}: {err}"));
@@ -112,22 +116,47 @@ fn linear_layers_at_odd_sizes() {
         (55, 20, 17, 1000, "gemm/simt_64x64"),
         (110, 20, 17, 1000, "gemm/simt_128x64"),
     ] {
-        let mut gb = GraphBuilder::new();
-        let x = gb.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, Dim::Fixed(k)], InputRole::Other).unwrap();
-        let w1 = gb.weight("w1", DType::F32, &[n, k]).unwrap();
-        let b1 = gb.weight("b1", DType::F32, &[n]).unwrap();
-        let w2 = gb.weight("w2", DType::F32, &[n, k]).unwrap();
-        let h = gb.linear(x, w1, Some(b1)).unwrap();
-        let h = gb.gelu(h).unwrap();
-        let y = gb.matmul(h, w2).unwrap();
-        let y = gb.add(y, x).unwrap();
-        gb.output("y", y);
-        let g = gb.finish().unwrap();
-        let w = weights_for(&g, 3);
-        let b = Bucket::new(rows, seq);
-        let xin = HostTensor::f32(vec![rows, seq, k], rand_vec(rows * seq * k, 11, 1.0)).unwrap();
+        let (g, w, xin, b) = linear_layers(rows, seq, k, n);
         let kinds = check(&format!("linear {rows}x{seq}x{k}x{n}"), &g, &w, &[xin], b, "sm_90", 2e-5);
         assert!(kinds.iter().any(|k| k == want), "want {want}: {kinds:?}");
+    }
+}
+
+/// A linear + GELU, a matmul with a transposed weight and a residual add, and its input.
+fn linear_layers(rows: usize, seq: usize, k: usize, n: usize) -> (Graph, Vec<HostTensor>, HostTensor, Bucket) {
+    let mut gb = GraphBuilder::new();
+    let x = gb.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, Dim::Fixed(k)], InputRole::Other).unwrap();
+    let w1 = gb.weight("w1", DType::F32, &[n, k]).unwrap();
+    let b1 = gb.weight("b1", DType::F32, &[n]).unwrap();
+    let w2 = gb.weight("w2", DType::F32, &[n, k]).unwrap();
+    let h = gb.linear(x, w1, Some(b1)).unwrap();
+    let h = gb.gelu(h).unwrap();
+    let y = gb.matmul(h, w2).unwrap();
+    let y = gb.add(y, x).unwrap();
+    gb.output("y", y);
+    let g = gb.finish().unwrap();
+    let w = weights_for(&g, 3);
+    let xin = HostTensor::f32(vec![rows, seq, k], rand_vec(rows * seq * k, 11, 1.0)).unwrap();
+    (g, w, xin, Bucket::new(rows, seq))
+}
+
+/// Every tiling of the SIMT template, with and without prefetch, forced on sizes that are not
+/// multiples of any tile and k spanning several slices (the prefetch's last-slice edge).
+#[test]
+fn every_gemm_tile_at_odd_sizes() {
+    if !have_cxx() {
+        return;
+    }
+    let (g, w, xin, b) = linear_layers(7, 19, 41, 150);
+    for tile in GemmTile::ALL {
+        for prefetch in [true, false] {
+            let tile = GemmTile { prefetch, ..tile };
+            let target = CudaTarget::new("sm_90").unwrap().with_gemm_tile(tile);
+            let kinds = check_on(&format!("{tile:?}"), &g, &w, std::slice::from_ref(&xin), b, &target, 2e-5);
+            let sp = if tile.split { "_split" } else { "" };
+            let want = format!("gemm/simt_{}x{}{sp}{}", tile.bm, tile.bn, if prefetch { "" } else { "_noprefetch" });
+            assert!(kinds.contains(&want), "want {want}: {kinds:?}");
+        }
     }
 }
 
@@ -166,31 +195,35 @@ fn attention_and_long_rows() {
     if !have_cxx() {
         return;
     }
-    // Attention: q/k/v from inputs [b, h, s, d], additive mask [b, 1, 1, s].
-    let (heads, d) = (3usize, 40usize);
-    let mut gb = GraphBuilder::new();
-    let q = gb.input("q", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
-    let k = gb.input("k", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
-    let v = gb.input("v", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
-    let m = gb.input("m", DType::F32, vec![Dim::Batch, Dim::Fixed(1), Dim::Fixed(1), Dim::Seq], InputRole::Other).unwrap();
-    let s = gb.matmul_t(q, k, false, true).unwrap();
-    let sc = gb.scalar(0.15).unwrap();
-    let s = gb.mul(s, sc).unwrap();
-    let p = gb.softmax(s, 3, Some(m)).unwrap();
-    let o = gb.matmul(p, v).unwrap();
-    gb.output("o", o);
-    let g = gb.finish().unwrap();
-    let (bb, ss) = (2usize, 45usize);
-    let n = bb * heads * ss * d;
-    let mask: Vec<f32> = (0..bb * ss).map(|i| if i % ss >= 40 && i / ss == 1 { -10000.0 } else { 0.0 }).collect();
-    let inputs = vec![
-        HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 1, 1.0)).unwrap(),
-        HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 2, 1.0)).unwrap(),
-        HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 3, 1.0)).unwrap(),
-        HostTensor::f32(vec![bb, 1, 1, ss], mask).unwrap(),
-    ];
-    let kinds = check("attention", &g, &[], &inputs, Bucket::new(bb, ss), "sm_90", 2e-5);
-    eprintln!("attention kernels: {kinds:?}");
+    // Attention: q/k/v from inputs [b, h, s, d], additive mask [b, 1, 1, s]; head dims with
+    // keys in registers (40), a row length not a multiple of 4 (13), keys read from shared
+    // memory and 3 output columns per lane (72).
+    for d in [40usize, 13, 72] {
+        let heads = 3usize;
+        let mut gb = GraphBuilder::new();
+        let q = gb.input("q", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
+        let k = gb.input("k", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
+        let v = gb.input("v", DType::F32, vec![Dim::Batch, Dim::Fixed(heads), Dim::Seq, Dim::Fixed(d)], InputRole::Other).unwrap();
+        let m = gb.input("m", DType::F32, vec![Dim::Batch, Dim::Fixed(1), Dim::Fixed(1), Dim::Seq], InputRole::Other).unwrap();
+        let s = gb.matmul_t(q, k, false, true).unwrap();
+        let sc = gb.scalar(0.15).unwrap();
+        let s = gb.mul(s, sc).unwrap();
+        let p = gb.softmax(s, 3, Some(m)).unwrap();
+        let o = gb.matmul(p, v).unwrap();
+        gb.output("o", o);
+        let g = gb.finish().unwrap();
+        let (bb, ss) = (2usize, 45usize);
+        let n = bb * heads * ss * d;
+        let mask: Vec<f32> = (0..bb * ss).map(|i| if i % ss >= 40 && i / ss == 1 { -10000.0 } else { 0.0 }).collect();
+        let inputs = vec![
+            HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 1, 1.0)).unwrap(),
+            HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 2, 1.0)).unwrap(),
+            HostTensor::f32(vec![bb, heads, ss, d], rand_vec(n, 3, 1.0)).unwrap(),
+            HostTensor::f32(vec![bb, 1, 1, ss], mask).unwrap(),
+        ];
+        let kinds = check(&format!("attention d{d}"), &g, &[], &inputs, Bucket::new(bb, ss), "sm_90", 2e-5);
+        assert!(kinds.iter().any(|k| k == "attention"), "{kinds:?}");
+    }
 
     // Long rows: softmax and LayerNorm over 1500 columns (block per row), and a reduction.
     let cols = 1500usize;

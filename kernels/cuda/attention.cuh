@@ -2,10 +2,14 @@
 // materializing the scores. A block of 4 warps owns 16 query rows (4 per warp); keys and values
 // stream through shared memory 32 at a time (one key per lane) with an online softmax (running
 // max m, running sum l, rescaled accumulators), so any sequence length runs in fixed memory.
+// Each lane holds its key in registers where it fits (64 floats or fewer) and reads query rows as
+// 4-wide broadcasts; a row's 32 probabilities go through shared memory (Ps), read 4 at a time
+// for P.V (a shuffle per key before: the shuffle unit, not the FMAs, set the pace).
 extern "C" __global__ void __launch_bounds__(128) {{NAME}}({{PARAMS}}) {
-    __shared__ float Qs[16][{{D}}];
+    __shared__ __align__(16) float Qs[16][{{DQ}}];
     __shared__ float Ks[32][{{D}} + 1];
     __shared__ float Vs[32][{{DV}} + 1];
+    __shared__ __align__(16) float Ps[4][32];
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const unsigned q0 = blockIdx.x * 16u;
 {{BATCH}}
@@ -36,13 +40,30 @@ extern "C" __global__ void __launch_bounds__(128) {{NAME}}({{PARAMS}}) {
         }
         __syncthreads();
         const unsigned kj = kt + lane;
+#if {{D}} <= 64
+        float kr[{{D}}];
+#pragma unroll
+        for (int d = 0; d < {{D}}; ++d) kr[d] = Ks[lane][d];
+#define KILN_KEY(d) kr[d]
+#else
+#define KILN_KEY(d) Ks[lane][d]
+#endif
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const unsigned qr = warp * 4u + (unsigned)r;
             const unsigned qi = q0 + qr;
             float s = 0.0f;
-#pragma unroll 8
-            for (unsigned d = 0; d < {{D}}u; ++d) s = fmaf(Qs[qr][d], Ks[lane][d], s);
+#pragma unroll
+            for (int d = 0; d + 4 <= {{D}}; d += 4) {
+                float q[4];
+                kiln_ld4(&Qs[qr][d], q);
+                s = fmaf(q[0], KILN_KEY(d), s);
+                s = fmaf(q[1], KILN_KEY(d + 1), s);
+                s = fmaf(q[2], KILN_KEY(d + 2), s);
+                s = fmaf(q[3], KILN_KEY(d + 3), s);
+            }
+#pragma unroll
+            for (int d = {{D}} / 4 * 4; d < {{D}}; ++d) s = fmaf(Qs[qr][d], KILN_KEY(d), s);
             s *= {{SCALE}};
             if (kj < {{SKV}}u) {
                 if (qi < {{SQ}}u) {
@@ -59,15 +80,23 @@ extern "C" __global__ void __launch_bounds__(128) {{NAME}}({{PARAMS}}) {
             m_i[r] = m_new;
 #pragma unroll
             for (int dd = 0; dd < {{DV_LANE}}; ++dd) o[r][dd] *= corr;
-            for (unsigned j = 0; j < 32u; ++j) {
-                const float pj = __shfl_sync(0xffffffffu, p, (int)j);
+            Ps[warp][lane] = p;
+            __syncwarp();
+#pragma unroll 2
+            for (unsigned j = 0; j < 32u; j += 4u) {
+                float pj[4];
+                kiln_ld4(&Ps[warp][j], pj);
 #pragma unroll
-                for (int dd = 0; dd < {{DV_LANE}}; ++dd) {
-                    const unsigned d = lane + 32u * (unsigned)dd;
-                    if (d < {{DV}}u) o[r][dd] = fmaf(pj, Vs[j][d], o[r][dd]);
-                }
+                for (int t = 0; t < 4; ++t)
+#pragma unroll
+                    for (int dd = 0; dd < {{DV_LANE}}; ++dd) {
+                        const unsigned d = lane + 32u * (unsigned)dd;
+                        if (d < {{DV}}u) o[r][dd] = fmaf(pj[t], Vs[j + (unsigned)t][d], o[r][dd]);
+                    }
             }
+            __syncwarp();
         }
+#undef KILN_KEY
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

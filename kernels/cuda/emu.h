@@ -44,6 +44,7 @@ static thread_local unsigned kiln_emu_tid;
 
 inline void __syncthreads() { kiln_emu->block->arrive_and_wait(); }
 inline void kiln_emu_warp_sync() { kiln_emu->warps[kiln_emu_tid / 32]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { kiln_emu_warp_sync(); }
 inline float kiln_emu_shfl(float v, unsigned src) {
     float* s = &kiln_emu->fslot[(kiln_emu_tid / 32) * 32];
     s[kiln_emu_tid % 32] = v;

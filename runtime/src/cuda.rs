@@ -710,6 +710,34 @@ mod exec {
             Ok(())
         }
 
+        /// GPU time of each launch on its own, in ms: the mean of `iters` back-to-back launches
+        /// of that kernel between CUDA events. A profiling aid (`profile_buckets` in
+        /// compiler/tests/cuda_device.rs): kernels that update a buffer in place run repeatedly,
+        /// so the arena holds garbage afterwards, until the next [`CudaPlan::run`] rewrites it
+        /// from its batch.
+        pub fn time_each_launch(&mut self, iters: usize) -> Result<Vec<f32>> {
+            let dev = self.dev.clone();
+            let _guard = dev.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.dev.bind()?;
+            let stream = self.dev.stream.clone();
+            let ev = || self.dev.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| drv("creating an event", e));
+            let (start, end) = (ev()?, ev()?);
+            let mut times = Vec::with_capacity(self.launches.len());
+            for (i, l) in self.launches.iter_mut().enumerate() {
+                let mut ptrs: Vec<*mut c_void> = l.params.iter_mut().map(|p| p as *mut u64 as *mut c_void).collect();
+                start.record(&stream).map_err(|e| drv("recording an event", e))?;
+                for _ in 0..iters.max(1) {
+                    // SAFETY: as in `launch_all`: a loaded function, pointers into live buffers.
+                    unsafe { result::launch_kernel(l.func, l.grid, l.block, l.shared, stream.cu_stream(), &mut ptrs) }
+                        .map_err(|e| drv(&format!("launching kernel `{}` (launch {i})", self.spec.launches[i].kernel), e))?;
+                }
+                end.record(&stream).map_err(|e| drv("recording an event", e))?;
+                end.synchronize().map_err(|e| drv("running the plan", e))?;
+                times.push(start.elapsed_ms(&end).map_err(|e| drv("reading event times", e))? / iters.max(1) as f32);
+            }
+            Ok(times)
+        }
+
         /// Runs the recorded launches only (inputs as they are in the arena), synchronized, and
         /// returns the wall time in milliseconds measured with CUDA events.
         pub fn time_launches(&mut self, iters: usize) -> Result<f32> {

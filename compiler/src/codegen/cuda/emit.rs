@@ -121,6 +121,58 @@ pub struct CudaTarget {
     pub arch: String,
     /// e.g. 90.
     pub sm: u32,
+    /// How f32 GEMMs are tiled: `None` picks per shape ([`GemmTile::pick`]); a fixed tile is for
+    /// measuring variants against each other (`profile_buckets` in compiler/tests/cuda_device.rs).
+    pub gemm_tile: Option<GemmTile>,
+}
+
+/// One tiling of the f32 SIMT GEMM template (kernels/cuda/gemm_simt.cuh): a `bm`x`bn` output
+/// tile per block of (`bm`/`tm`)·(`bn`/`tn`) threads, each owning a `tm`x`tn` register tile, and
+/// whether the next k slice's global loads are issued before this slice's arithmetic.
+///
+/// With `split`, a thread's rows and columns come in groups of 4 spread over the block tile
+/// (rows `ty*4 + i + g*(bm*4/tm)`), not `tm` adjacent ones: 16 lanes reading 4 adjacent floats
+/// each then cover 256 contiguous bytes of shared memory (2 wavefronts) where `tn` = 8 adjacent
+/// would stride 32 bytes apart (4). Needs `tm` and `tn` multiples of 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmTile {
+    pub bm: usize,
+    pub bn: usize,
+    pub tm: usize,
+    pub tn: usize,
+    pub prefetch: bool,
+    pub split: bool,
+}
+
+impl GemmTile {
+    pub const T128X128: GemmTile = GemmTile { bm: 128, bn: 128, tm: 8, tn: 8, prefetch: true, split: true };
+    pub const T128X64: GemmTile = GemmTile { bm: 128, bn: 64, tm: 8, tn: 4, prefetch: true, split: false };
+    pub const T64X64: GemmTile = GemmTile { bm: 64, bn: 64, tm: 4, tn: 4, prefetch: true, split: false };
+    pub const T32X32: GemmTile = GemmTile { bm: 32, bn: 32, tm: 2, tn: 2, prefetch: true, split: false };
+    /// The tilings there are, largest first.
+    pub const ALL: [GemmTile; 4] = [Self::T128X128, Self::T128X64, Self::T64X64, Self::T32X32];
+
+    /// The tile for `nbatch` GEMMs of `m`x`n`: 128x64 where that still gives about two blocks
+    /// per SM of a large GPU (132 SMs on an H100/H200), else 64x64 where that gives at least 96
+    /// blocks, else 32x32 (most parallel). Measured on an H200 (`profile_buckets`, every GEMM of
+    /// MiniLM forced to each tile, m = 1024, 4096, 16384): 128x64 ran 32-35 TFLOP/s at
+    /// m = 16384, 64x64 28-29, 128x128 28-30 with split fragments (23-28 without; a 64x128
+    /// split tile 30-32); at m = 4096, n = 384 (192 blocks of 128x64) 64x64 won by 8%; at
+    /// m = 1024, n = 384 (96 blocks of 64x64), 64x64 beat 32x32 by 9% and 128x64 by 35%.
+    pub fn pick(nbatch: usize, m: usize, n: usize) -> GemmTile {
+        let blocks = |t: &GemmTile| m.div_ceil(t.bm) * n.div_ceil(t.bn) * nbatch.max(1);
+        if blocks(&Self::T128X64) >= 264 {
+            Self::T128X64
+        } else if blocks(&Self::T64X64) >= 96 {
+            Self::T64X64
+        } else {
+            Self::T32X32
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
 }
 
 impl CudaTarget {
@@ -130,7 +182,12 @@ impl CudaTarget {
         if maj < 7 {
             return Err(Error::Unsupported(format!("CUDA architecture {arch}: kiln needs sm_70 or newer")));
         }
-        Ok(CudaTarget { arch: arch.to_string(), sm: maj * 10 + min })
+        Ok(CudaTarget { arch: arch.to_string(), sm: maj * 10 + min, gemm_tile: None })
+    }
+    /// The same target with every f32 GEMM tiled as `tile`.
+    pub fn with_gemm_tile(mut self, tile: GemmTile) -> CudaTarget {
+        self.gemm_tile = Some(tile);
+        self
     }
     /// Whether f16/bf16 GEMMs use `mma.sync.m16n8k16` (sm_80+).
     pub fn has_mma_m16n8k16(&self) -> bool {
@@ -1014,21 +1071,32 @@ fn emit_gemm(
         return Ok(Body { kind: format!("gemm/mma_{dt}"), source, grid, block: [128, 1, 1] });
     }
 
-    // SIMT: the largest tile that still gives about two blocks per SM of a large GPU (132 SMs
-    // on an H100/H200), else the smallest (most parallel) one.
-    const CONFIGS: [(usize, usize, usize, usize); 3] = [(128, 64, 8, 4), (64, 64, 4, 4), (32, 32, 2, 2)];
-    const MIN_BLOCKS: usize = 264;
-    let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) * nbatch.max(1);
-    let (bm, bn, tm, tn) = CONFIGS.iter().copied().find(|&(bm, bn, _, _)| blocks(bm, bn) >= MIN_BLOCKS).unwrap_or(CONFIGS[2]);
+    let tile = target.gemm_tile.unwrap_or_else(|| GemmTile::pick(nbatch, m, n));
+    let (bm, bn, tm, tn) = (tile.bm, tile.bn, tile.tm, tile.tn);
     let bk = 16usize;
-    let (tx, ty) = (bn / tn, bm / tm);
-    let threads = tx * ty;
+    let tx = bn / tn;
+    let threads = tile.threads();
     let (a_per, b_per) = (bm * bk / threads, bk * bn / threads);
     let (a_mm, a_kk) = if a_kcontig { (format!("e / {bk}u"), format!("e % {bk}u")) } else { (format!("e % {bm}u"), format!("e / {bm}u")) };
     let (b_kk, b_nn) = if b_ncontig { (format!("e / {bn}u"), format!("e % {bn}u")) } else { (format!("e % {bk}u"), format!("e / {bk}u")) };
     // Vector shared-memory loads of each thread's TM rows of A and TN columns of B.
-    let frag = |arr: &str, dst: &str, idx: &str, t: usize| -> String {
+    if tile.split && (tm % 4 != 0 || tn % 4 != 0) {
+        return Err(ctx.err(format!("split GEMM tile {tile:?}: tm and tn must be multiples of 4")));
+    }
+    // Where a thread's `t` rows (or columns) of the block tile start: adjacent, or in groups of
+    // 4 spread `span*4/t` apart (`split`). Returns the vector loads of them from shared memory
+    // and the index expression of element `v` (the epilogue's loop variable).
+    let frag = |arr: &str, dst: &str, idx: &str, t: usize, span: usize, v: &str| -> (String, String) {
         let mut f = String::new();
+        if tile.split {
+            let gap = span * 4 / t;
+            for g in 0..t / 4 {
+                let off = if g == 0 { String::new() } else { format!(" + {}u", g * gap) };
+                let d = if g == 0 { dst.to_string() } else { format!("{dst} + {}", 4 * g) };
+                let _ = writeln!(f, "            kiln_ld4(&{arr}[kk][{idx} * 4u{off}], {d});");
+            }
+            return (f, format!("{idx} * 4u + (unsigned)({v} % 4) + (unsigned)({v} / 4) * {gap}u"));
+        }
         let mut o = 0;
         while o < t {
             let w = if t - o >= 4 { 4 } else { 2 };
@@ -1037,9 +1105,11 @@ fn emit_gemm(
             let _ = writeln!(f, "            kiln_ld{w}(&{arr}[kk][{idx} * {t}u{off}], {d});");
             o += w;
         }
-        f
+        (f, format!("{idx} * {t}u + (unsigned){v}"))
     };
-    let frags = format!("{}{}", frag("As", "a", "ty", tm), frag("Bs", "b", "tx", tn));
+    let (fa, row_of) = frag("As", "a", "ty", tm, bm, "r");
+    let (fb, col_of) = frag("Bs", "b", "tx", tn, bn, "c");
+    let frags = format!("{fa}{fb}");
     let lds = tm.div_ceil(4) + tn.div_ceil(4);
     let grid = [n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, nbatch.max(1) as u32];
     if grid[1] > 65535 {
@@ -1058,6 +1128,9 @@ fn emit_gemm(
             ("TM", tm.to_string()),
             ("TN", tn.to_string()),
             ("TX", tx.to_string()),
+            ("PREFETCH", if tile.prefetch { "true" } else { "false" }.to_string()),
+            ("ROW", row_of),
+            ("COL", col_of),
             ("LDS", lds.to_string()),
             ("FRAGS", frags.trim_end().to_string()),
             ("BATCH", batch_block.trim_end().to_string()),
@@ -1076,7 +1149,9 @@ fn emit_gemm(
             ("EPILOGUE", epi),
         ],
     )?;
-    Ok(Body { kind: format!("gemm/simt_{bm}x{bn}"), source, grid, block: [threads as u32, 1, 1] })
+    let pf = if tile.prefetch { "" } else { "_noprefetch" };
+    let sp = if tile.split { "_split" } else { "" };
+    Ok(Body { kind: format!("gemm/simt_{bm}x{bn}{sp}{pf}"), source, grid, block: [threads as u32, 1, 1] })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1103,7 +1178,7 @@ fn emit_attention(
     if d > 128 || dv > 128 || d == 0 || dv == 0 {
         return Err(ctx.err(format!("head dims {d}/{dv} (the fused kernel supports 1..=128)")));
     }
-    let shared = (16 * d + 32 * (d + 1) + 32 * (dv + 1)) * 4;
+    let shared = (16 * d.next_multiple_of(4) + 32 * (d + 1) + 32 * (dv + 1) + 4 * 32) * 4;
     if shared > 48 * 1024 {
         return Err(ctx.err(format!("{shared} bytes of shared memory")));
     }
@@ -1151,6 +1226,7 @@ fn emit_attention(
             ("NAME", ctx.name.clone()),
             ("PARAMS", ctx.param_list()),
             ("D", d.to_string()),
+            ("DQ", d.next_multiple_of(4).to_string()),
             ("DV", dv.to_string()),
             ("DV_LANE", dv.div_ceil(32).to_string()),
             ("BATCH", format!("{zcode}{bcode}").trim_end().to_string()),

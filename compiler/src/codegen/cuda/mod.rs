@@ -20,7 +20,7 @@ mod expr;
 pub mod nvrtc;
 pub mod template;
 
-pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, EmittedModule, Param, DevicePlacement};
+pub use emit::{emit_program, f32_lit, BufLoc, CudaTarget, EmittedKernel, GemmTile, EmittedModule, Param, DevicePlacement};
 
 use kiln_runtime::cuda::{CudaPlanSpec, IoSlot, KernelArg, LaunchSpec, WeightEntry, CUDA_PLAN_VERSION};
 use kiln_runtime::{Graph, Result};
