@@ -4,12 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use kiln::embedder::open::{ModelSource, Runner};
 use kiln::fetch::{default_model_dir, fetch_minilm, is_complete};
-use kiln::model::{bench_token_ids, cosine, embed_ids, SentenceModel};
+use kiln::BackendKind;
+use kiln::model::{bench_token_ids, cosine, SentenceModel};
 use kiln_compiler::reference::ReferenceBackend;
 use kiln_compiler::models::bert::BertOutputs;
 use kiln_compiler::pipeline;
-use kiln_runtime::{Backend, Bucket, Engine, Error, LowerPolicy, Result};
+use kiln_runtime::{Backend, Bucket, Error, Result};
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: an ahead-of-time graph compiler for neural-network inference")]
@@ -22,13 +24,6 @@ struct Cli {
 /// unit test checks that these strings spell it).
 const DEFAULT_ROWS: &str = "1,2,4,8,16,32";
 const DEFAULT_SEQS: &str = "8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,144,160,176,192,208,224,240,256,288,320,352,384,416,448,480,512";
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
-enum BackendKind {
-    Reference,
-    Cpu,
-    Cuda,
-}
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 enum PoolingKind {
@@ -273,14 +268,6 @@ enum Cmd {
     },
 }
 
-fn onnx_kind(b: BackendKind) -> kiln::onnx::Kind {
-    match b {
-        BackendKind::Reference => kiln::onnx::Kind::Reference,
-        BackendKind::Cpu => kiln::onnx::Kind::Cpu,
-        BackendKind::Cuda => kiln::onnx::Kind::Cuda,
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -300,36 +287,15 @@ fn run(cli: Cli) -> Result<()> {
             }
             fetch_minilm(&dir.unwrap_or_else(default_model_dir))
         }
-        Cmd::Embed { onnx: OnnxText { onnx: Some(file), tokenizer, pooling, output, dim }, backend, json, texts, plan, trusted_key, .. } => {
-            let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-            let pooling = pooling.pooling();
-            let tok = tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?;
-            let trust = trust_policy(&trusted_key)?;
-            let runner = match &plan {
-                Some(p) => kiln::onnx::Runner::Plan(p, &trust),
-                None => kiln::onnx::Runner::Jit(onnx_kind(backend)),
+        Cmd::Embed { model, onnx, backend, plan, trusted_key, json, texts } => {
+            let source = model_source(model, onnx)?;
+            let at = match &source {
+                ModelSource::Folder(d) => d.clone(),
+                ModelSource::Onnx { file, .. } => file.clone(),
             };
-            let emb = kiln::onnx::embed_onnx(&file, &kiln::onnx::parse_dims(&dim)?, &tok, pooling, output.as_deref(), &texts, runner)?;
-            for (i, (t, e)) in texts.iter().zip(&emb).enumerate() {
-                if e.iter().any(|x| !x.is_finite()) {
-                    return Err(Error::Model { path: file.clone(), message: format!("the embedding of text {i} ({t:?}) is not finite") });
-                }
-            }
-            print_embeddings(&texts, &emb, json);
-            Ok(())
-        }
-        Cmd::Embed { model, backend, plan, trusted_key, json, texts, .. } => {
-            let trust = trust_policy(&trusted_key)?;
-            let dir = resolve_model(model)?;
-            let m = SentenceModel::open(&dir, BertOutputs::default())?;
             let texts: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-            let embeddings = match (plan, backend) {
-                (Some(p), _) => embed_precompiled(&p, &trust, &m, &texts)?,
-                (None, BackendKind::Reference) => embed_with(ReferenceBackend, &m, &texts)?,
-                (None, BackendKind::Cuda) => embed_with(kiln_compiler::backends::cuda::CudaBackend::new()?, &m, &texts)?,
-                (None, BackendKind::Cpu) => embed_with(kiln_compiler::backends::cpu::CpuBackend::new()?, &m, &texts)?,
-            };
-            check_finite(&m, &texts, &embeddings)?;
+            let embeddings = kiln::embedder::once::embed_texts(&source, runner(plan, &trusted_key, backend)?, &texts)?;
+            check_finite(&at, &texts, &embeddings)?;
             print_embeddings(&texts, &embeddings, json);
             Ok(())
         }
@@ -404,14 +370,14 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Inspect { plan, trusted_key } => inspect(&plan, &trust_policy(&trusted_key)?),
         Cmd::Keygen { prefix } => keygen(&prefix),
         Cmd::OnnxTest { dirs, backend } => {
-            let (_, fail, _) = kiln::onnx::onnx_test(&dirs, onnx_kind(backend))?;
+            let (_, fail, _) = kiln::onnx::onnx_test(&dirs, backend)?;
             if fail > 0 {
                 return Err(Error::bad_batch(format!("{fail} ONNX test(s) failed")));
             }
             Ok(())
         }
         Cmd::Run { onnx, dim, input, output_dir, backend } => {
-            for p in kiln::onnx::run_cli(&onnx, &kiln::onnx::parse_dims(&dim)?, &input, &output_dir, onnx_kind(backend))? {
+            for p in kiln::onnx::run_cli(&onnx, &kiln::onnx::parse_dims(&dim)?, &input, &output_dir, backend)? {
                 println!("{}", p.display());
             }
             Ok(())
@@ -432,28 +398,12 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Serve {
-            model, onnx: OnnxText { onnx, tokenizer, pooling, output, dim }, plan, trusted_key, backend, host, port, buckets, rows, seqs,
+            model, onnx, plan, trusted_key, backend, host, port, buckets, rows, seqs,
             max_batch_tokens, max_wait_ms, max_inputs, max_queue, max_tokens, threads,
         } => {
-            use kiln::embedder::open::{JitBackend, Ladder, ModelSource, OpenOptions, Runner};
-            let source = match onnx {
-                Some(file) => ModelSource::Onnx {
-                    file,
-                    tokenizer: tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?,
-                    dims: kiln::onnx::parse_dims(&dim)?,
-                    pooling: pooling.pooling(),
-                    output,
-                },
-                None => ModelSource::Folder(resolve_model(model)?),
-            };
-            let runner = match plan {
-                Some(path) => Runner::Plan { path, trust: trust_policy(&trusted_key)? },
-                None => Runner::Jit(match backend {
-                    BackendKind::Cpu => JitBackend::Cpu,
-                    BackendKind::Cuda => JitBackend::Cuda,
-                    BackendKind::Reference => JitBackend::Reference,
-                }),
-            };
+            use kiln::embedder::open::{Ladder, OpenOptions};
+            let source = model_source(model, onnx)?;
+            let runner = runner(plan, &trusted_key, backend)?;
             let explicit = buckets.iter().map(|b| Bucket::parse(b)).collect::<Result<Vec<_>>>()?;
             let ladder = Ladder { rows, seqs, explicit };
             eprintln!("kiln serve: loading the model");
@@ -782,49 +732,6 @@ fn inspect(path: &std::path::Path, trust: &kiln_runtime::TrustPolicy) -> Result<
     Ok(())
 }
 
-/// Embeds through precompiled plans only: the artifact's own graph, buckets as in the
-/// artifact, and by its target `PrecompiledCpu` or `PrecompiledCuda` (no compiler either way).
-fn embed_precompiled(
-    path: &std::path::Path,
-    trust: &kiln_runtime::TrustPolicy,
-    m: &SentenceModel,
-    texts: &[&str],
-) -> Result<Vec<Vec<f32>>> {
-    use kiln_runtime::artifact::{Artifact, Target};
-    use kiln_runtime::cpu::PrecompiledCpu;
-    use kiln_runtime::cuda::PrecompiledCuda;
-    let at_path = |e| in_file(path, e);
-    let artifact = Artifact::from_file_with(path, trust).map_err(at_path)?;
-    // The plans must be those of the model folder's graph (its config.json and checkpoint), not
-    // merely of the graph inside the artifact.
-    artifact.check_graph(&m.graph).map_err(|e| match e {
-        Error::Artifact { message } => Error::Artifact {
-            message: format!("{}: {message} (model {})", path.display(), m.dir.join("config.json").display()),
-        },
-        other => other,
-    })?;
-    let graph = artifact.body.signature.graph();
-    let buckets = artifact.header.buckets.clone();
-    let weights = || {
-        kiln_runtime::load_graph_weights(&kiln_runtime::SafetensorsLoader::new(), &m.dir.join("model.safetensors"), &graph.weights)
-    };
-    match artifact.header.target.clone() {
-        Target::CpuX86_64 { .. } => {
-            let engine = Engine::new(PrecompiledCpu::new(artifact), graph.clone(), &weights()?, &buckets, LowerPolicy::OnFirstRequest).map_err(at_path)?;
-            embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
-        }
-        target @ Target::Cuda { .. } => {
-            // The GPU first: without one this fails at once, before the weights are read.
-            let be = PrecompiledCuda::new(artifact).map_err(|e| match e {
-                e @ Error::Environment(_) => e.context(format!("{} holds GPU plans ({target})", path.display())),
-                other => at_path(other),
-            })?;
-            let engine = Engine::new(be, graph.clone(), &weights()?, &buckets, LowerPolicy::OnFirstRequest).map_err(at_path)?;
-            embed_ids(&engine, &m.tokenize(texts)?).map_err(at_path)
-        }
-    }
-}
-
 /// Total memory from `/proc/meminfo` (None elsewhere or when unreadable). A dozen lines instead
 /// of the `sysinfo` crate, whose process and disk probing kiln does not need.
 fn machine_memory_bytes() -> Option<u64> {
@@ -859,27 +766,38 @@ fn resolve_model(model: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// The bucket a one-off CLI request compiles: its rows, tokens rounded up to a multiple of 16.
-fn bucket_for(seqs: &[Vec<i64>]) -> Bucket {
-    let tokens = seqs.iter().map(|s| s.len()).max().unwrap_or(1);
-    Bucket::new(seqs.len(), tokens.div_ceil(16) * 16)
+/// The model a command runs: an ONNX file and its tokenizer, or a model folder (the default
+/// one fetched when absent).
+fn model_source(model: Option<PathBuf>, onnx: OnnxText) -> Result<ModelSource> {
+    let OnnxText { onnx, tokenizer, pooling, output, dim } = onnx;
+    Ok(match onnx {
+        Some(file) => ModelSource::Onnx {
+            file,
+            tokenizer: tokenizer.ok_or_else(|| Error::bad_batch("--onnx needs --tokenizer"))?,
+            dims: kiln::onnx::parse_dims(&dim)?,
+            pooling: pooling.pooling(),
+            output,
+        },
+        None => ModelSource::Folder(resolve_model(model)?),
+    })
 }
 
-fn embed_with<B: Backend>(backend: B, m: &SentenceModel, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-    let seqs = m.tokenize(texts)?;
-    let weights = m.load_weights()?;
-    let engine = Engine::new(backend, m.graph.clone(), &weights, &[bucket_for(&seqs)], LowerPolicy::OnFirstRequest)?;
-    embed_ids(&engine, &seqs)
+/// Plans from an artifact (`--plan`, under the trusted keys) or compiled here on `backend`.
+fn runner(plan: Option<PathBuf>, trusted_key: &[PathBuf], backend: BackendKind) -> Result<Runner> {
+    Ok(match plan {
+        Some(path) => Runner::Plan { path, trust: trust_policy(trusted_key)? },
+        None => Runner::Jit(backend),
+    })
 }
 
 /// A NaN or infinite embedding is an error naming the text (exit status 1, nothing printed):
 /// a NaN or inf in the weights, or an overflow in the model, must not pass as a vector.
-fn check_finite(m: &SentenceModel, texts: &[&str], emb: &[Vec<f32>]) -> Result<()> {
+fn check_finite(model: &std::path::Path, texts: &[&str], emb: &[Vec<f32>]) -> Result<()> {
     for (i, (t, e)) in texts.iter().zip(emb).enumerate() {
         let bad = e.iter().filter(|x| !x.is_finite()).count();
         if bad > 0 {
             return Err(Error::Model {
-                path: m.dir.clone(),
+                path: model.to_path_buf(),
                 message: format!("the embedding of text {i} ({t:?}) is not finite ({bad} of {} values NaN or inf)", e.len()),
             });
         }

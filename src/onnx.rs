@@ -11,17 +11,11 @@ use kiln_compiler::frontends::onnx::{DimRole, OnnxModel};
 use kiln_runtime::{Backend, Batch, Bucket, Error, HostTensor, Outputs, Result};
 use prost::Message;
 
-/// The backend a command runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Reference,
-    Cpu,
-    Cuda,
-}
+use crate::BackendKind;
 
 /// Runs `model` on `inputs` (one per model input, in order; converted to the input's dtype) and
 /// returns every graph output, in order.
-pub fn run_model(model: &OnnxModel, inputs: &[HostTensor], kind: Kind) -> Result<Vec<HostTensor>> {
+pub fn run_model(model: &OnnxModel, inputs: &[HostTensor], kind: BackendKind) -> Result<Vec<HostTensor>> {
     if inputs.len() != model.inputs.len() {
         return Err(Error::bad_batch(format!(
             "{} takes {} inputs ({}), {} given",
@@ -48,9 +42,9 @@ pub fn run_model(model: &OnnxModel, inputs: &[HostTensor], kind: Kind) -> Result
     // Every dim is concrete: the bucket only names the plan.
     let bucket = Bucket::new(1, 1);
     match kind {
-        Kind::Reference => kiln_compiler::reference::interpret(&graph, &weights, &inputs, bucket),
-        Kind::Cpu => run_on(&kiln_compiler::backends::cpu::CpuBackend::new()?, &graph, &weights, inputs, bucket),
-        Kind::Cuda => run_on(&kiln_compiler::backends::cuda::CudaBackend::new()?, &graph, &weights, inputs, bucket),
+        BackendKind::Reference => kiln_compiler::reference::interpret(&graph, &weights, &inputs, bucket),
+        BackendKind::Cpu => run_on(&kiln_compiler::backends::cpu::CpuBackend::new()?, &graph, &weights, inputs, bucket),
+        BackendKind::Cuda => run_on(&kiln_compiler::backends::cuda::CudaBackend::new()?, &graph, &weights, inputs, bucket),
     }
 }
 
@@ -109,7 +103,7 @@ fn compare(got: &HostTensor, want: &HostTensor) -> std::result::Result<f64, Stri
 }
 
 /// Runs one test directory.
-pub fn run_test_dir(dir: &Path, kind: Kind) -> Outcome {
+pub fn run_test_dir(dir: &Path, kind: BackendKind) -> Outcome {
     let model = match OnnxModel::open(&dir.join("model.onnx"), &[]) {
         Ok(m) => m,
         Err(Error::Unsupported(m)) => return Outcome::Unsupported(m),
@@ -159,7 +153,7 @@ pub fn run_test_dir(dir: &Path, kind: Kind) -> Outcome {
 
 /// `kiln onnx-test DIR...`: one line per test, then the totals. Each DIR is a test folder or a
 /// folder of them.
-pub fn onnx_test(dirs: &[PathBuf], kind: Kind) -> Result<(usize, usize, usize)> {
+pub fn onnx_test(dirs: &[PathBuf], kind: BackendKind) -> Result<(usize, usize, usize)> {
     let mut tests = Vec::new();
     for d in dirs {
         if d.join("model.onnx").is_file() {
@@ -207,82 +201,6 @@ pub enum Pooling {
     None,
 }
 
-/// Where `embed --onnx` runs: compiled now on a backend, or from an artifact's plans.
-pub enum Runner<'a> {
-    Jit(Kind),
-    /// A plan artifact (`kiln compile --onnx FILE -o PLAN`) under a trust policy.
-    Plan(&'a Path, &'a kiln_runtime::TrustPolicy),
-}
-
-/// `kiln embed --onnx`: tokenizes `texts`, runs them through an engine over `model` (each bucket
-/// lowered at its first use from its own import, or loaded from a plan artifact compiled for
-/// this model) and pools the chosen output.
-pub fn embed_onnx(
-    model_path: &Path,
-    dims: &[(String, DimRole)],
-    tokenizer: &Path,
-    pooling: Pooling,
-    output: Option<&str>,
-    texts: &[&str],
-    runner: Runner,
-) -> Result<Vec<Vec<f32>>> {
-    use kiln_compiler::frontends::onnx::OnnxBackend;
-    use kiln_runtime::{Engine, LowerPolicy};
-    let model = std::sync::Arc::new(OnnxModel::open(model_path, dims)?);
-    let sig = model.signature()?;
-    let graph = sig.graph();
-    let k = output_index(&graph, output, model_path)?;
-    let tok_err = |m: String| Error::Model { path: tokenizer.to_path_buf(), message: m };
-    let mut tok = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| tok_err(e.to_string()))?;
-    tok.with_padding(None);
-    tok.with_truncation(Some(tokenizers::TruncationParams { max_length: 512, ..Default::default() })).map_err(|e| tok_err(e.to_string()))?;
-    let seqs: Vec<Vec<i64>> = texts
-        .iter()
-        .map(|t| tok.encode(*t, true).map(|e| e.get_ids().iter().map(|&i| i as i64).collect()).map_err(|e| tok_err(format!("cannot tokenize {t:?}: {e}"))))
-        .collect::<Result<_>>()?;
-    let bucket = Bucket::new(seqs.len(), seqs.iter().map(Vec::len).max().unwrap_or(1).max(1));
-    // Through the seed WeightLoader, as a safetensors checkpoint would be.
-    let loader = kiln_compiler::frontends::onnx::OnnxLoader::with_model(model.clone());
-    let source = kiln_runtime::WeightSource::Onnx(model.path.clone());
-    let weights = kiln_runtime::load_table(&loader, &source, &graph.weights)?;
-    let batch = Batch::from_token_ids(&graph, &seqs)?;
-    let out = match runner {
-        Runner::Jit(Kind::Reference) => {
-            let be = OnnxBackend::new(kiln_compiler::reference::ReferenceBackend, model.clone());
-            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
-        }
-        Runner::Jit(Kind::Cpu) => {
-            let be = OnnxBackend::new(kiln_compiler::backends::cpu::CpuBackend::new()?, model.clone());
-            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
-        }
-        Runner::Jit(Kind::Cuda) => {
-            let be = OnnxBackend::new(kiln_compiler::backends::cuda::CudaBackend::new()?, model.clone());
-            Engine::new(be, graph.clone(), &weights, &[bucket], LowerPolicy::OnFirstRequest)?.infer(&batch)?
-        }
-        Runner::Plan(plan, trust) => {
-            use kiln_runtime::artifact::{Artifact, Target};
-            let in_plan = |e: Error| e.context(plan.display());
-            let a = Artifact::from_file_with(plan, trust).map_err(in_plan)?;
-            // The plans must be this model's: the artifact records the model's signature.
-            a.check_graph(&graph).map_err(|e| e.context(format!("{} (model {})", plan.display(), model_path.display())))?;
-            let buckets = a.header.buckets.clone();
-            let plan_graph = a.body.signature.graph();
-            match a.header.target.clone() {
-                Target::CpuX86_64 { .. } => {
-                    let e = Engine::new(kiln_runtime::cpu::PrecompiledCpu::new(a), plan_graph, &weights, &buckets, LowerPolicy::OnFirstRequest).map_err(in_plan)?;
-                    e.infer(&batch).map_err(in_plan)?
-                }
-                Target::Cuda { .. } => {
-                    let be = kiln_runtime::cuda::PrecompiledCuda::new(a).map_err(in_plan)?;
-                    let e = Engine::new(be, plan_graph, &weights, &buckets, LowerPolicy::OnFirstRequest).map_err(in_plan)?;
-                    e.infer(&batch).map_err(in_plan)?
-                }
-            }
-        }
-    };
-    pool(&out.tensors[k], &seqs, pooling).map_err(|m| Error::Unsupported(format!("{}: output `{}`: {m}", model_path.display(), graph.output_names[k])))
-}
-
 /// The index of the output named `output` (None: the first) of an ONNX model's graph, or a
 /// one-line error listing the outputs.
 pub fn output_index(graph: &kiln_runtime::Graph, output: Option<&str>, model_path: &Path) -> Result<usize> {
@@ -292,13 +210,6 @@ pub fn output_index(graph: &kiln_runtime::Graph, output: Option<&str>, model_pat
         }),
         None => Ok(0),
     }
-}
-
-/// One vector per text from `t` (rows trimmed to the batch, tokens to the longest text): a
-/// rank-3 output pooled and L2-normalized, a rank-2 one as it is.
-pub fn pool(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
-    let v = pool_raw(t, seqs, pooling)?;
-    Ok(if t.shape.len() == 3 { v.into_iter().map(l2_normalize).collect() } else { v })
 }
 
 /// `e / max(‖e‖, 1e-12)`, the norm in f64.
@@ -313,7 +224,8 @@ pub fn l2_normalize(mut e: Vec<f32>) -> Vec<f32> {
 pub fn pool_raw(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
     let v = t.to_f32_vec();
     match (t.shape.len(), pooling) {
-        (2, _) => Ok(v.chunks(t.shape[1]).map(|c| c.to_vec()).collect()),
+        // Rows past the texts are a fixed batch dim's padding.
+        (2, _) => Ok(v.chunks(t.shape[1].max(1)).take(seqs.len()).map(|c| c.to_vec()).collect()),
         (3, Pooling::None) => Err("is per token (rank 3): choose --pooling mean or cls".into()),
         (3, p) => {
             let (s, d) = (t.shape[1], t.shape[2]);
@@ -402,7 +314,7 @@ pub fn parse_dims(args: &[String]) -> Result<Vec<(String, DimRole)>> {
 
 /// `kiln run --onnx FILE --input NAME=FILE.npy ... --output-dir DIR`: every graph output, in
 /// order, to `DIR/output_K.npy`.
-pub fn run_cli(file: &Path, dims: &[(String, DimRole)], inputs: &[String], out_dir: &Path, kind: Kind) -> Result<Vec<PathBuf>> {
+pub fn run_cli(file: &Path, dims: &[(String, DimRole)], inputs: &[String], out_dir: &Path, kind: BackendKind) -> Result<Vec<PathBuf>> {
     let model = OnnxModel::open(file, dims)?;
     let mut given: Vec<Option<HostTensor>> = vec![None; model.inputs.len()];
     for spec in inputs {

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::model_dir;
-use kiln::embedder::open::{open, JitBackend, Ladder, ModelSource, OpenOptions, Runner};
+use kiln::embedder::open::{open, Ladder, ModelSource, OpenOptions, Runner};
+use kiln::BackendKind;
 use kiln::model::{embed_ids, SentenceModel};
 use kiln::serve::{start, Running, ServeOptions};
 use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
@@ -123,7 +124,7 @@ async fn both_routes_equal_kiln_embed_under_64_concurrent_clients() {
     if model_dir().is_none() {
         return;
     }
-    let s = Arc::new(Server::start(Runner::Jit(JitBackend::Cpu), Ladder::default(), ServeOptions::default()).await);
+    let s = Arc::new(Server::start(Runner::Jit(BackendKind::Cpu), Ladder::default(), ServeOptions::default()).await);
     // 64 clients, each with its own texts (2 to 80 words), interleaving both routes and formats.
     let mut tasks = Vec::new();
     for c in 0..64usize {
@@ -195,7 +196,7 @@ async fn every_error_has_its_status_and_a_json_message_and_the_server_goes_on() 
         return;
     }
     let opts = ServeOptions { max_inputs: 8, max_queue: 8, ..ServeOptions::default() };
-    let s = Server::start(Runner::Jit(JitBackend::Cpu), Ladder::default(), opts).await;
+    let s = Server::start(Runner::Jit(BackendKind::Cpu), Ladder::default(), opts).await;
     let long = sentence(1, 300);
     let nine: Vec<String> = (0..9).map(|i| sentence(i, 3)).collect();
     let cases: Vec<(&str, String, u16, &str)> = vec![
@@ -298,7 +299,7 @@ async fn shutdown_answers_requests_in_flight() {
     if model_dir().is_none() {
         return;
     }
-    let mut s = Server::start(Runner::Jit(JitBackend::Cpu), Ladder::default(), ServeOptions::default()).await;
+    let mut s = Server::start(Runner::Jit(BackendKind::Cpu), Ladder::default(), ServeOptions::default()).await;
     let texts: Vec<String> = (0..16).map(|i| sentence(200 + i, 100)).collect();
     let body = json!({ "inputs": texts }).to_string();
     let (url, http) = (s.url.clone(), s.http.clone());
@@ -365,7 +366,7 @@ async fn explicit_buckets_cap_the_text_length() {
         return;
     }
     let ladder = Ladder { explicit: vec![Bucket::new(4, 32)], ..Ladder::default() };
-    let s = Server::start(Runner::Jit(JitBackend::Cpu), ladder, ServeOptions::default()).await;
+    let s = Server::start(Runner::Jit(BackendKind::Cpu), ladder, ServeOptions::default()).await;
     let long = sentence(3, 60);
     let (st, _, v) = s.post("/embed", json!({ "inputs": long }).to_string()).await;
     assert_eq!(st, 413, "{v}");

@@ -11,6 +11,7 @@ use kiln_runtime::{Backend, Batch, Bucket, Engine, Error, Result};
 
 use crate::onnx::{l2_normalize, pool_raw, Pooling};
 
+pub mod once;
 pub mod open;
 mod tokenizer;
 pub use tokenizer::{TextTokenizer, TokenizeError};
@@ -25,6 +26,9 @@ pub struct ModelInfo {
     pub max_tokens: usize,
     /// The backend and its device, in words.
     pub backend: String,
+    /// The vectors are pooled from per-token states (a rank-3 output), not the model's own
+    /// per-text output.
+    pub pooled: bool,
 }
 
 pub trait Embedder: Send + Sync {

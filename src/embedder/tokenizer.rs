@@ -28,8 +28,13 @@ pub enum TokenizeError {
 
 impl TextTokenizer {
     pub fn from_file(path: &Path, max_tokens: usize, vocab: usize) -> Result<Self> {
+        let plain = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Model { path: path.to_path_buf(), message: format!("cannot load tokenizer: {e}") })?;
+        Self::new(path, plain, max_tokens, vocab)
+    }
+
+    /// From a tokenizer already read from `path` (its padding and truncation are reset).
+    pub fn new(path: &Path, mut plain: tokenizers::Tokenizer, max_tokens: usize, vocab: usize) -> Result<Self> {
         let bad = |m: String| Error::Model { path: path.to_path_buf(), message: m };
-        let mut plain = tokenizers::Tokenizer::from_file(path).map_err(|e| bad(format!("cannot load tokenizer: {e}")))?;
         plain.with_padding(None);
         plain.with_truncation(None).map_err(|e| bad(e.to_string()))?;
         if plain.get_vocab_size(true) > vocab {
