@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kiln::onnx::{onnx_test, Kind};
+use kiln::onnx::onnx_test;
+use kiln::BackendKind;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -45,7 +46,7 @@ fn onnx_node_conformance_tests() {
     if !dir.join("test_add/model.onnx").is_file() {
         script(&["scripts/onnx_node_tests.py", dir.to_str().unwrap()]);
     }
-    for kind in [Kind::Reference, Kind::Cpu] {
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
         let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&dir), kind).unwrap();
         eprintln!("{kind:?}: {pass} passed, {fail} failed, {unsup} unsupported");
         assert_eq!(fail, 0, "{kind:?}: every test kiln runs must pass (see the FAIL lines above)");
@@ -106,7 +107,7 @@ fn real_int8_export_matches_onnxruntime() {
     }
     let case = root().join("target/onnx-real/minilm_int8_case");
     script(&["scripts/ort_testcase.py", model.to_str().unwrap(), tok.to_str().unwrap(), case.to_str().unwrap()]);
-    for kind in [Kind::Reference, Kind::Cpu] {
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
         let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&case), kind).unwrap();
         assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", Path::new(&model).display());
     }
@@ -154,6 +155,83 @@ fn real_int8_export_fusion_and_plans() {
     assert_eq!(jit, aot, "plans compiled ahead of time give the JIT's embeddings");
 }
 
+/// MiniLM written by `scripts/ort_compare.py --write-onnx --legacy` into
+/// `target/onnx-real/<sub>/minilm_legacy.onnx`: (model folder, that folder, the file), or `None`
+/// where the Python side is missing.
+fn legacy_export(sub: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    if !ready("onnx, onnxruntime, tokenizers, numpy") {
+        return None;
+    }
+    let dir = minilm_dir();
+    if !dir.join("model.safetensors").is_file() {
+        panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", dir.display());
+    }
+    let out = root().join("target/onnx-real").join(sub);
+    std::fs::create_dir_all(&out).unwrap();
+    let model = out.join("minilm_legacy.onnx");
+    script(&["scripts/ort_compare.py", "--model", dir.to_str().unwrap(), "--write-onnx", model.to_str().unwrap(), "--legacy"]);
+    Some((dir, out, model))
+}
+
+/// `model` on the reference and CPU backends against onnxruntime (`scripts/ort_testcase.py`:
+/// MiniLM's tokenizer, 2 batches) in the backend-test folder `case`.
+fn matches_onnxruntime(model: &Path, dir: &Path, case: &Path) {
+    script(&["scripts/ort_testcase.py", model.to_str().unwrap(), dir.join("tokenizer.json").to_str().unwrap(), case.to_str().unwrap()]);
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(&[case.to_path_buf()], kind).unwrap();
+        assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", model.display());
+    }
+}
+
+/// onnxruntime's com.microsoft contrib ops (Attention with each mask form, EmbedLayerNormalization,
+/// SkipLayerNormalization, the GELUs, ...) as small models written by
+/// `scripts/ort_contrib_cases.py`, on the reference and CPU backends against onnxruntime.
+#[test]
+fn contrib_ops_match_onnxruntime() {
+    if !ready("onnx, onnxruntime, numpy") {
+        return;
+    }
+    let dir = root().join("target/ort-contrib");
+    script(&["scripts/ort_contrib_cases.py", dir.to_str().unwrap()]);
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&dir), kind).unwrap();
+        assert_eq!((pass, fail, unsup), (21, 0, 0), "{kind:?}");
+    }
+}
+
+/// The legacy-style MiniLM export after onnxruntime's transformer optimizer (optimum's O2):
+/// SkipLayerNormalization and BiasGelu in place of the norms and GELUs. kiln agrees with
+/// onnxruntime on it and still fuses one attention per layer.
+#[test]
+fn ort_optimized_export_matches_onnxruntime() {
+    let Some((dir, out, plain)) = legacy_export("ort_optimized") else { return };
+    let opt = out.join("minilm_o2.onnx");
+    script(&["scripts/ort_optimize.py", plain.to_str().unwrap(), opt.to_str().unwrap(), "12", "384"]);
+    matches_onnxruntime(&opt, &dir, &out.join("case"));
+    use kiln_compiler::frontends::onnx::OnnxModel;
+    let m = OnnxModel::open(&opt, &[]).unwrap();
+    let b = kiln_runtime::Bucket::new(2, 16);
+    let p = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program;
+    let kinds = p.kernels_by_kind();
+    assert_eq!((kinds.get("attention"), kinds.get("layer_norm")), (Some(&6), Some(&13)), "{kinds:?}");
+
+    // What an onnxruntime session saves at its extended optimization level (FusedMatMul with
+    // the attention scale, BiasGelu, LayerNormalization): the same 66 kernels as kiln's own graph.
+    let saved = out.join("minilm_ort_extended.onnx");
+    let code = format!(
+        "import onnxruntime as o; s = o.SessionOptions(); s.graph_optimization_level = o.GraphOptimizationLevel.ORT_ENABLE_EXTENDED; \
+         s.optimized_model_filepath = {:?}; o.InferenceSession({:?}, s, providers=['CPUExecutionProvider'])",
+        saved.to_str().unwrap(),
+        plain.to_str().unwrap()
+    );
+    script(&["-c", &code]);
+    assert!(OnnxModel::open(&saved, &[]).unwrap().ops().0.iter().any(|(op, _)| op == "com.microsoft::FusedMatMul"));
+    matches_onnxruntime(&saved, &dir, &out.join("case_extended"));
+    let b = kiln_runtime::Bucket::new(8, 128);
+    let theirs = kiln_compiler::pipeline::run_pipeline(&OnnxModel::open(&saved, &[]).unwrap().graph_for(b).unwrap(), b).unwrap().program;
+    assert_eq!((theirs.kernels.len(), theirs.kernels_by_kind().get("attention")), (66, Some(&6)));
+}
+
 /// MiniLM written as exporters wrote it before opset 17 (opset 14; LayerNorm as ReduceMean / Sub
 /// / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add; K transposed by perm (0,2,3,1); attention
 /// scaled by Div; erf-GELU written out; mean pooling and L2 norm in the graph), built by
@@ -162,23 +240,8 @@ fn real_int8_export_fusion_and_plans() {
 /// attentions).
 #[test]
 fn legacy_style_export_matches_onnxruntime_and_fuses() {
-    if !ready("onnx, onnxruntime, tokenizers, numpy") {
-        return;
-    }
-    let dir = minilm_dir();
-    if !dir.join("model.safetensors").is_file() {
-        panic!("{} is missing: `kiln fetch-model minilm` (scripts/test.sh does)", dir.display());
-    }
-    let out = root().join("target/onnx-real/legacy");
-    std::fs::create_dir_all(&out).unwrap();
-    let model = out.join("minilm_legacy.onnx");
-    script(&["scripts/ort_compare.py", "--model", dir.to_str().unwrap(), "--write-onnx", model.to_str().unwrap(), "--legacy"]);
-    let case = out.join("case");
-    script(&["scripts/ort_testcase.py", model.to_str().unwrap(), dir.join("tokenizer.json").to_str().unwrap(), case.to_str().unwrap()]);
-    for kind in [Kind::Reference, Kind::Cpu] {
-        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&case), kind).unwrap();
-        assert_eq!((pass, fail, unsup), (1, 0, 0), "{kind:?} on {}", model.display());
-    }
+    let Some((dir, out, model)) = legacy_export("legacy") else { return };
+    matches_onnxruntime(&model, &dir, &out.join("case"));
     use kiln_compiler::frontends::onnx::OnnxModel;
     use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
     let m = OnnxModel::open(&model, &[]).unwrap();
@@ -187,6 +250,36 @@ fn legacy_style_export_matches_onnxruntime_and_fuses() {
     let theirs = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program.kernels_by_kind();
     let ours = kiln_compiler::pipeline::run_pipeline(&own, b).unwrap().program.kernels_by_kind();
     assert_eq!(theirs, ours, "the legacy export's kernels vs kiln's own graph's");
+}
+
+/// The legacy-style export with its sequence dim fixed at 16 (as exports for one length are):
+/// `kiln embed --onnx` pads to it and gives the dynamic export's embeddings bit for bit, a
+/// longer text is cut at 16 tokens, and `kiln serve` opens buckets of 16 tokens only.
+#[test]
+fn fixed_sequence_length_export_pads_to_it() {
+    use kiln::embedder::once::embed_texts;
+    use kiln::embedder::open::{open, Ladder, ModelSource, OpenOptions, Runner};
+    let Some((dir, out, plain)) = legacy_export("fixed16") else { return };
+    let fixed = out.join("minilm_seq16.onnx");
+    let code = format!(
+        "import onnx; m = onnx.load({:?}); \
+         [d.type.tensor_type.shape.dim[1].ClearField('dim_param') or setattr(d.type.tensor_type.shape.dim[1], 'dim_value', 16) for d in m.graph.input]; \
+         onnx.save(m, {:?})",
+        plain.to_str().unwrap(),
+        fixed.to_str().unwrap()
+    );
+    script(&["-c", &code]);
+    let src = |file: &Path| ModelSource::Onnx { file: file.to_path_buf(), tokenizer: dir.join("tokenizer.json"), dims: vec![], pooling: kiln::onnx::Pooling::Mean, output: None };
+    let texts = ["A cat sits on the mat.", "hello"];
+    let a = embed_texts(&src(&fixed), Runner::Jit(BackendKind::Cpu), &texts).unwrap();
+    let b = embed_texts(&src(&plain), Runner::Jit(BackendKind::Cpu), &texts).unwrap();
+    assert_eq!(a, b, "padded to the fixed 16 tokens vs the dynamic export");
+    let long = "many words in a row ".repeat(10);
+    let cut = embed_texts(&src(&fixed), Runner::Jit(BackendKind::Cpu), &[long.as_str()]).unwrap();
+    assert_eq!(cut[0].len(), 384);
+    let opts = OpenOptions { source: src(&fixed), runner: Runner::Jit(BackendKind::Cpu), ladder: Ladder::default(), max_tokens: None, threads: kiln_runtime::cpu::Threads::Count(2) };
+    let (e, t) = open(opts).unwrap();
+    assert!(e.buckets().iter().all(|b| b.seq == 16) && t.max_tokens == 16, "{:?}", e.buckets());
 }
 
 /// The legacy-style export quantized by onnxruntime's `quantize_dynamic` (int8 weights, uint8
@@ -198,57 +291,80 @@ fn legacy_style_export_matches_onnxruntime_and_fuses() {
 /// held to cosine ≥ 0.985 per embedding (measured ≥ 0.989 on both backends).
 #[test]
 fn dynamically_quantized_export_is_within_quantization_noise() {
-    if !ready("onnx, onnxruntime, tokenizers, numpy") {
-        return;
-    }
-    let dir = minilm_dir();
-    let out = root().join("target/onnx-real/qdyn");
-    std::fs::create_dir_all(&out).unwrap();
-    let fp32 = out.join("minilm_legacy.onnx");
+    let Some((dir, out, fp32)) = legacy_export("qdyn") else { return };
     let q = out.join("minilm_qdyn.onnx");
-    script(&["scripts/ort_compare.py", "--model", dir.to_str().unwrap(), "--write-onnx", fp32.to_str().unwrap(), "--legacy"]);
     let code = format!(
         "from onnxruntime.quantization import quantize_dynamic, QuantType; quantize_dynamic({:?}, {:?}, weight_type=QuantType.QInt8)",
         fp32.to_str().unwrap(),
         q.to_str().unwrap()
     );
     script(&["-c", &code]);
-    let case = out.join("case");
-    script(&["scripts/ort_testcase.py", q.to_str().unwrap(), dir.join("tokenizer.json").to_str().unwrap(), case.to_str().unwrap()]);
-    let m = kiln_compiler::frontends::onnx::OnnxModel::open(&q, &[]).unwrap();
-    for kind in [Kind::Reference, Kind::Cpu] {
+    for (kind, set, cosines, worst) in embeddings_vs_onnxruntime(&q, &dir, &out.join("case")) {
+        assert!(cosines.iter().all(|&c| c >= 0.985), "{kind:?} {set}: cosines {cosines:?}");
+        if set == "test_data_set_0" {
+            assert!(worst <= 1e-3, "{kind:?} {set}: max abs {worst}");
+        }
+    }
+}
+
+/// The legacy-style export converted to float16 by onnxruntime's converter (`keep_io_types`:
+/// f32 in and out, f16 weights and arithmetic, Casts appended at the end of the node list, out
+/// of topological order): kiln sorts the nodes and agrees with onnxruntime to f16 precision,
+/// cosine ≥ 0.9999 per embedding (measured ≥ 0.999999 on both backends).
+#[test]
+fn float16_export_matches_onnxruntime() {
+    let Some((dir, out, fp32)) = legacy_export("f16") else { return };
+    let h = out.join("minilm_f16.onnx");
+    let code = format!(
+        "import onnx; from onnxruntime.transformers.float16 import convert_float_to_float16 as c; \
+         onnx.save(c(onnx.load({:?}), keep_io_types=True), {:?})",
+        fp32.to_str().unwrap(),
+        h.to_str().unwrap()
+    );
+    script(&["-c", &code]);
+    for (kind, set, cosines, _) in embeddings_vs_onnxruntime(&h, &dir, &out.join("case")) {
+        assert!(cosines.iter().all(|&c| c >= 0.9999), "{kind:?} {set}: cosines {cosines:?}");
+    }
+}
+
+/// `model`'s first output (one embedding per row) against onnxruntime's on
+/// `scripts/ort_testcase.py`'s two batches, on the reference and CPU backends: (backend, data
+/// set, cosine of each row, max abs difference).
+fn embeddings_vs_onnxruntime(model: &Path, dir: &Path, case: &Path) -> Vec<(BackendKind, &'static str, Vec<f32>, f32)> {
+    script(&["scripts/ort_testcase.py", model.to_str().unwrap(), dir.join("tokenizer.json").to_str().unwrap(), case.to_str().unwrap()]);
+    let m = kiln_compiler::frontends::onnx::OnnxModel::open(model, &[]).unwrap();
+    let mut out = Vec::new();
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
         for set in ["test_data_set_0", "test_data_set_1"] {
             let d = case.join(set);
             let inputs: Vec<_> = (0..3).map(|k| kiln::onnx::read_pb(&d.join(format!("input_{k}.pb"))).unwrap()).collect();
             let want = kiln::onnx::read_pb(&d.join("output_0.pb")).unwrap().to_f32_vec();
             let got = kiln::onnx::run_model(&m, &inputs, kind).unwrap()[0].to_f32_vec();
             let h = 384;
+            let mut cosines = Vec::new();
             let mut worst = 0f32;
             for (g, w) in got.chunks(h).zip(want.chunks(h)) {
                 let dot: f32 = g.iter().zip(w).map(|(a, b)| a * b).sum();
-                let cos = dot / (g.iter().map(|a| a * a).sum::<f32>().sqrt() * w.iter().map(|a| a * a).sum::<f32>().sqrt());
-                eprintln!("{kind:?} {set}: cosine {cos}");
-                assert!(cos >= 0.985, "{kind:?} {set}: cosine {cos}");
+                cosines.push(dot / (g.iter().map(|a| a * a).sum::<f32>().sqrt() * w.iter().map(|a| a * a).sum::<f32>().sqrt()));
                 worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
             }
-            eprintln!("{kind:?} {set}: max abs {worst:.2e}");
-            if set == "test_data_set_0" {
-                assert!(worst <= 1e-3, "{kind:?} {set}: max abs {worst}");
-            }
+            eprintln!("{kind:?} {set}: cosines {cosines:?}, max abs {worst:.2e}");
+            out.push((kind, set, cosines, worst));
         }
     }
+    out
 }
 
 /// `kiln serve --onnx`: the int8 export served over HTTP gives `kiln embed --onnx`'s vectors
 /// (each text alone, mean-pooled and normalized), in batches of the server's own buckets.
 #[test]
 fn served_int8_export_equals_embed_onnx() {
-    use kiln::embedder::open::{open, JitBackend, Ladder, ModelSource, OpenOptions, Runner};
+    use kiln::embedder::open::{open, Ladder, ModelSource, OpenOptions, Runner};
     let Some(model) = int8_model_or_skip() else { return };
     let tok = minilm_tokenizer();
     let texts = ["The quick brown fox jumps over the lazy dog.", "short", "A server batches texts of different lengths into buckets."];
     let source = ModelSource::Onnx { file: model.clone(), tokenizer: tok.clone(), dims: vec![], pooling: kiln::onnx::Pooling::Mean, output: None };
-    let opts = OpenOptions { source, runner: Runner::Jit(JitBackend::Cpu), ladder: Ladder::default(), max_tokens: None, threads: kiln_runtime::cpu::Threads::Count(2) };
+    let opts = OpenOptions { source, runner: Runner::Jit(BackendKind::Cpu), ladder: Ladder::default(), max_tokens: None, threads: kiln_runtime::cpu::Threads::Count(2) };
     let (e, t) = open(opts).unwrap();
     assert_eq!(e.info().dims, 384);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -268,7 +384,8 @@ fn served_int8_export_equals_embed_onnx() {
         v
     });
     for (text, g) in texts.iter().zip(&got) {
-        let want = kiln::onnx::embed_onnx(&model, &[], &tok, kiln::onnx::Pooling::Mean, None, &[text], kiln::onnx::Runner::Jit(Kind::Cpu)).unwrap();
+        let source = ModelSource::Onnx { file: model.clone(), tokenizer: tok.clone(), dims: vec![], pooling: kiln::onnx::Pooling::Mean, output: None };
+        let want = kiln::embedder::once::embed_texts(&source, Runner::Jit(BackendKind::Cpu), &[text]).unwrap();
         let err = g.iter().zip(&want[0]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(err <= 1e-6, "{text:?}: max abs {err:e} against kiln embed --onnx");
     }

@@ -4,8 +4,7 @@
 //! cannot run is a one-line `Unsupported` naming the node, op type, domain and opset.
 
 use kiln_compiler::frontends::onnx::proto::{
-    tensor_proto, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
 };
 use kiln_compiler::frontends::onnx::OnnxModel;
 use kiln_compiler::reference::interpret;
@@ -14,24 +13,7 @@ use kiln_runtime::{Bucket, Error, HostTensor};
 use prost::Message;
 
 fn vi(name: &str, elem: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| tensor_shape_proto::Dimension {
-            value: Some(match d {
-                Ok(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
-                Err(p) => tensor_shape_proto::dimension::Value::DimParam(p.to_string()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(TensorShapeProto { dim }) })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    kiln_testkit::onnx_proto::value_info(name, elem, dims)
 }
 
 fn node(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
@@ -281,4 +263,86 @@ fn matmul_integer_weights_and_bad_zero_points() {
     let m = OnnxModel::open(&model(vec![1, 2]), &[]).unwrap();
     let e = m.graph_for(b).unwrap_err().to_string();
     assert!(e.contains("MatMulInteger weight zero point of 2 values for 3 columns") && e.contains("n_y") && !e.contains('\n'), "{e}");
+}
+
+/// An input named `position_ids` is filled with each token's position (0, 1, 2, ...) when a
+/// batch is built from token ids, not with the token ids; a float `attention_mask` is a mask;
+/// the nodes may come in any order.
+#[test]
+fn position_ids_are_positions_and_nodes_are_sorted() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = GraphProto {
+        // `y` is read before the node that makes it (kiln sorts the nodes, as onnxruntime does).
+        node: vec![
+            node("Mul", &["s", "two"], &["y"], vec![]),
+            node("Add", &["input_ids", "position_ids"], &["s"], vec![]),
+            node("Mul", &["attention_mask", "attention_mask"], &["m2"], vec![]),
+        ],
+        input: vec![
+            vi("input_ids", 7, &[Err("batch"), Err("sequence")]),
+            vi("position_ids", 7, &[Err("batch"), Err("sequence")]),
+            vi("attention_mask", 1, &[Err("batch"), Err("sequence")]),
+        ],
+        output: vec![vi("y", 7, &[Err("batch"), Err("sequence")]), vi("m2", 1, &[Err("batch"), Err("sequence")])],
+        initializer: vec![tensor("two", tensor_proto::DataType::Int64, &[], vec![], vec![2], None)],
+        ..Default::default()
+    };
+    let m = ModelProto { ir_version: Some(8), opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }], graph: Some(g), ..Default::default() };
+    let p = write(dir.path(), &m.encode_to_vec());
+    let model = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(2, 3);
+    let sig = model.signature().unwrap().graph();
+    use kiln_runtime::graph::InputRole;
+    assert_eq!(sig.inputs.iter().map(|i| i.role).collect::<Vec<_>>(), [InputRole::TokenIds, InputRole::PositionIds, InputRole::AttentionMask]);
+    let batch = kiln_runtime::Batch::from_token_ids(&sig, &[vec![100, 200, 300], vec![100, 200]]).unwrap();
+    let y = interpret(&model.graph_for(b).unwrap(), &[], &batch.tensors, b).unwrap();
+    assert_eq!(y[0].data.to_f64_vec(), [200.0, 402.0, 604.0, 200.0, 402.0, 0.0]);
+    assert_eq!(y[1].data.to_f64_vec(), [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
+}
+
+/// What the contrib attention ops and the domains kiln does not read refuse: a one-line
+/// `Unsupported` naming the file, node, op type and domain, and the reason.
+#[test]
+fn refused_contrib_attention_and_foreign_domains_name_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = |n: NodeProto| {
+        let g = GraphProto {
+            node: vec![n],
+            input: vec![vi("x", 1, &[Err("batch"), Err("sequence"), Ok(8)])],
+            output: vec![vi("y", 1, &[Err("batch"), Err("sequence"), Ok(8)])],
+            initializer: vec![
+                tensor("w", tensor_proto::DataType::Float, &[8, 24], vec![0.1; 192], vec![], None),
+                tensor("b", tensor_proto::DataType::Float, &[24], vec![0.0; 24], vec![], None),
+            ],
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![
+                OperatorSetIdProto { domain: Some(String::new()), version: Some(17) },
+                OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) },
+            ],
+            graph: Some(g),
+            ..Default::default()
+        };
+        write(dir.path(), &m.encode_to_vec())
+    };
+    let in_domain = |mut n: NodeProto, d: &str| {
+        n.domain = Some(d.into());
+        n
+    };
+    let attention = |attrs: Vec<AttributeProto>| in_domain(node("Attention", &["x", "w", "b"], &["y"], attrs), "com.microsoft");
+    let cases = [
+        (attention(vec![int_attr("num_heads", 2), int_attr("unidirectional", 1)]), "node `n_y` (Attention, domain `com.microsoft`, opset 17): unidirectional (causal) Attention"),
+        (attention(vec![int_attr("num_heads", 2), int_attr("do_rotary", 1)]), "Attention with rotary embeddings"),
+        (in_domain(node("Relu", &["x"], &["y"], vec![]), "ai.onnx.ml"), "node `n_y` (Relu, domain `ai.onnx.ml`, opset 17): op `Relu` of domain `ai.onnx.ml`"),
+        (in_domain(node("Relu", &["x"], &["y"], vec![]), "com.microsoft"), "op `Relu` of domain com.microsoft is not supported"),
+    ];
+    for (n, want) in cases {
+        let p = model(n);
+        let e = OnnxModel::open(&p, &[]).unwrap().graph_for(Bucket::new(1, 4)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Unsupported(_)) && msg.contains(want) && !msg.contains('\n'), "{msg}");
+        assert_eq!(msg.matches(p.to_str().unwrap()).count(), 1, "the file named once: {msg}");
+    }
 }

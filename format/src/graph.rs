@@ -143,7 +143,9 @@ pub enum InputRole {
     AttentionMask,
     /// Token type (segment) ids, padded with 0.
     TokenTypes,
-    /// Anything else, padded with zeros.
+    /// Each token's position: 0, 1, 2, ... along the row.
+    PositionIds,
+    /// Anything else: never filled from token ids (`Batch::from_token_ids` refuses it).
     Other,
 }
 

@@ -30,21 +30,49 @@ pub struct Batch {
 
 impl Batch {
     /// Builds a batch for a token model from unpadded token id sequences: ids padded with 0,
-    /// an attention mask of 1 for real tokens and 0 for padding, token types 0.
+    /// an attention mask of 1 for real tokens and 0 for padding, token types 0, position ids
+    /// 0, 1, 2, ... An input of role `Other` is refused: nothing says what it holds. Inputs with
+    /// a fixed batch or sequence dim are padded to it (more rows or tokens are an error).
     pub fn from_token_ids(graph: &Graph, seqs: &[Vec<i64>]) -> Result<Batch> {
         if seqs.is_empty() {
             return Err(Error::bad_batch("no sequences given"));
         }
-        let rows = seqs.len();
-        let tokens = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut rows = seqs.len();
+        let mut tokens = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
         if tokens == 0 {
             return Err(Error::bad_batch("every sequence is empty"));
         }
+        // A model exported for one sequence length (or batch size) gets its inputs padded to it.
+        let (mut fixed_rows, mut fixed_tokens) = (None, None);
+        for spec in &graph.inputs {
+            let (r, t) = match spec.shape[..] {
+                [r @ (Dim::Batch | Dim::Fixed(_)), t @ (Dim::Seq | Dim::Fixed(_))] => (r, t),
+                _ => {
+                    return Err(Error::bad_batch(format!(
+                        "input `{}` is not a [batch, seq] token input; build the Batch by hand",
+                        spec.name
+                    )))
+                }
+            };
+            for (d, fixed, have, what) in [(r, &mut fixed_rows, rows, "sequences"), (t, &mut fixed_tokens, tokens, "tokens")] {
+                if let Dim::Fixed(n) = d {
+                    if have > n {
+                        return Err(Error::bad_batch(format!("{have} {what}: input `{}` takes {n} (a fixed dim of the model)", spec.name)));
+                    }
+                    if fixed.is_some_and(|f| f != n) {
+                        return Err(Error::bad_batch(format!("input `{}` fixes its dim at {n}, another input at {}", spec.name, fixed.unwrap_or(0))));
+                    }
+                    *fixed = Some(n);
+                }
+            }
+        }
+        rows = fixed_rows.unwrap_or(rows);
+        tokens = fixed_tokens.unwrap_or(tokens);
         let mut tensors = Vec::new();
         for spec in &graph.inputs {
-            if spec.shape != [Dim::Batch, Dim::Seq] {
+            if spec.role == InputRole::Other {
                 return Err(Error::bad_batch(format!(
-                    "input `{}` is not a [batch, seq] token input; build the Batch by hand",
+                    "input `{}` is not token ids, an attention mask, token types or position ids; build the Batch by hand",
                     spec.name
                 )));
             }
@@ -52,9 +80,11 @@ impl Batch {
             for (r, s) in seqs.iter().enumerate() {
                 for (t, &id) in s.iter().enumerate() {
                     v[r * tokens + t] = match spec.role {
-                        InputRole::TokenIds | InputRole::Other => id,
+                        InputRole::TokenIds => id,
+                        InputRole::Other => 0, // refused above
                         InputRole::AttentionMask => 1,
                         InputRole::TokenTypes => 0,
+                        InputRole::PositionIds => t as i64,
                     };
                 }
             }
@@ -230,4 +260,53 @@ pub fn check_weights(tensors: &[HostTensor], graph: &Graph) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::InputSpec;
+
+    fn graph(roles: &[(&str, InputRole)]) -> Graph {
+        let mut g = Graph::default();
+        for (name, role) in roles {
+            g.inputs.push(InputSpec { name: name.to_string(), dtype: DType::I64, shape: vec![Dim::Batch, Dim::Seq], role: *role });
+        }
+        g
+    }
+
+    #[test]
+    fn token_batches_fill_each_role() {
+        let g = graph(&[
+            ("input_ids", InputRole::TokenIds),
+            ("attention_mask", InputRole::AttentionMask),
+            ("token_type_ids", InputRole::TokenTypes),
+            ("position_ids", InputRole::PositionIds),
+        ]);
+        let b = Batch::from_token_ids(&g, &[vec![101, 7, 102], vec![101, 102]]).unwrap();
+        let v: Vec<Vec<f64>> = b.tensors.iter().map(|t| t.data.to_f64_vec()).collect();
+        assert_eq!(v[0], [101.0, 7.0, 102.0, 101.0, 102.0, 0.0]);
+        assert_eq!(v[1], [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
+        assert_eq!(v[2], [0.0; 6]);
+        assert_eq!(v[3], [0.0, 1.0, 2.0, 0.0, 1.0, 0.0]);
+        let e = Batch::from_token_ids(&graph(&[("input_ids", InputRole::TokenIds), ("pixel_values", InputRole::Other)]), &[vec![1]]).unwrap_err();
+        assert!(e.to_string().contains("input `pixel_values` is not token ids"), "{e}");
+    }
+
+    #[test]
+    fn fixed_dims_are_padded_to() {
+        let mut g = graph(&[("input_ids", InputRole::TokenIds), ("attention_mask", InputRole::AttentionMask)]);
+        for i in &mut g.inputs {
+            i.shape = vec![Dim::Fixed(3), Dim::Fixed(4)];
+        }
+        let b = Batch::from_token_ids(&g, &[vec![5, 6], vec![7]]).unwrap();
+        assert_eq!(b.tensors[0].shape, [3, 4]);
+        assert_eq!(b.tensors[0].data.to_f64_vec(), [5.0, 6.0, 0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(b.tensors[1].data.to_f64_vec(), [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(b.check(&g).unwrap(), (1, 1));
+        let e = Batch::from_token_ids(&g, &[vec![1; 5]]).unwrap_err().to_string();
+        assert!(e.contains("5 tokens: input `input_ids` takes 4"), "{e}");
+        let e = Batch::from_token_ids(&g, &[vec![1], vec![1], vec![1], vec![1]]).unwrap_err().to_string();
+        assert!(e.contains("4 sequences: input `input_ids` takes 3"), "{e}");
+    }
 }

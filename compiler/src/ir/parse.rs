@@ -41,6 +41,7 @@ fn parse_line(g: &mut Graph, line: &str) -> std::result::Result<(), Msg> {
             "(TokenIds)" => InputRole::TokenIds,
             "(AttentionMask)" => InputRole::AttentionMask,
             "(TokenTypes)" => InputRole::TokenTypes,
+            "(PositionIds)" => InputRole::PositionIds,
             "(Other)" => InputRole::Other,
             r => return Err(format!("unknown input role {r}")),
         };

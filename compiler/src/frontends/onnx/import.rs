@@ -14,6 +14,9 @@ use super::tensor::{host_from_tensor, lit_from_tensor, Elem, Lit};
 use super::OnnxModel;
 use crate::ir::GraphExt as _;
 
+mod contrib;
+pub use contrib::CONTRIB;
+
 /// Why a node could not be imported.
 #[derive(Debug)]
 pub enum Fail {
@@ -128,7 +131,8 @@ impl<'m> Importer<'m> {
             self.vals.insert(name.to_string(), Val::Lit(Lit { elem: elem.unwrap(), shape, data: super::tensor::LitData::F(vec![]), weight: true }));
             return Ok(());
         }
-        let mut l = lit_from_tensor(t, &self.m.dir).map_err(|e| Fail::Invalid(format!("initializer `{name}`: {e}")))?;
+        // The caller names the initializer.
+        let mut l = lit_from_tensor(t, &self.m.dir).map_err(Fail::Invalid)?;
         l.weight = big;
         self.vals.insert(name.to_string(), Val::Lit(l));
         Ok(())
@@ -214,6 +218,15 @@ impl<'m> Importer<'m> {
         }
         let at = Attrs::of(n);
         let opset = self.m.opset;
+        let contrib = match n.domain() {
+            "" | "ai.onnx" => false,
+            "com.microsoft" => true,
+            d => return unsup(format!("op `{op}` of domain `{d}`")),
+        };
+        if contrib {
+            let outs = self.contrib(op, &name, n, &ins, &at)?;
+            return self.bind(n, outs);
+        }
         // All-literal inputs fold (a lazily kept weight only through dequantization).
         let all_lit = ins.iter().flatten().all(|v| matches!(v, Val::Lit(l) if !is_lazy(l)));
         let any_weight = ins.iter().flatten().any(|v| matches!(v, Val::Lit(l) if l.weight));
@@ -246,6 +259,11 @@ impl<'m> Importer<'m> {
             return Ok(());
         }
         let outs = self.dynamic(op, &name, n, &ins, &at)?;
+        self.bind(n, outs)
+    }
+
+    /// Names `n`'s outputs by the values computed for them.
+    fn bind(&mut self, n: &NodeProto, outs: Vec<ValueId>) -> R<()> {
         if outs.len() < n.output.iter().filter(|o| !o.is_empty()).count() {
             // Extra outputs kiln does not compute (Dropout's mask, ...) must be unused.
             for o in &n.output[outs.len()..] {
@@ -846,7 +864,9 @@ impl<'m> Importer<'m> {
                 one(self.push(name, Op::Where, vec![mask, x, z])?)
             }
             // x / √(mean(x²) + eps) · scale over axes ax.. (opset 23), as LayerNormalization.
-            "RMSNormalization" => {
+            // SimplifiedLayerNormalization: onnxruntime's name for the same norm (its Llama-style
+            // exports put it in the standard domain).
+            "RMSNormalization" | "SimplifiedLayerNormalization" => {
                 let x0 = self.node(&iname(0), &inp(0)?)?;
                 let s = self.shape(&Val::Node(x0));
                 let ax = shape::axis(at.int("axis", -1), s.len())?;
@@ -1353,7 +1373,7 @@ pub const SUPPORTED: &[&str] = &[
     "CumSum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
     "GatherND", "IsNaN", "LayerNormalization", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "MatMulInteger", "Max", "Min", "Mul", "Neg",
     "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
-    "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid", "Sign",
+    "ReduceSum", "ReduceSumSquare", "Relu", "RMSNormalization", "Reshape", "Shape", "Sigmoid", "Sign", "SimplifiedLayerNormalization",
     "Size", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
     "Where", "Xor",
 ];

@@ -19,6 +19,7 @@ pub mod backend;
 pub mod import;
 pub mod lit;
 pub mod loader;
+mod order;
 #[allow(clippy::all, missing_docs)]
 pub mod proto;
 pub mod shape;
@@ -67,7 +68,8 @@ pub struct OnnxModel {
     pub roles: HashMap<String, DimRole>,
     inits: HashMap<String, usize>,
     used: HashSet<String>,
-    live: Vec<bool>,
+    /// The nodes some graph output depends on, in topological order (`order.rs`).
+    live: Vec<usize>,
     /// Weight data made at import (dequantized initializers), shared by every bucket's import.
     derived: Mutex<HashMap<String, HostTensor>>,
 }
@@ -172,15 +174,20 @@ impl OnnxModel {
             role_map.retain(|n, r| n != name && (*r != *role || roles.iter().any(|(m, _)| m == n)));
             role_map.insert(name.clone(), *role);
         }
-        // Live nodes: those some graph output depends on (exports carry dead ones).
+        // Live nodes: those some graph output depends on (exports carry dead ones), in
+        // topological order.
+        let available: HashSet<String> = graph.input.iter().map(|i| i.name().to_string()).chain(graph.initializer.iter().map(|t| t.name().to_string())).collect();
+        let order = order::topological(&graph.node, &available);
         let mut used: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
-        let mut live = vec![false; graph.node.len()];
-        for (i, n) in graph.node.iter().enumerate().rev() {
+        let mut live = Vec::new();
+        for &i in order.iter().rev() {
+            let n = &graph.node[i];
             if n.output.iter().any(|o| used.contains(o)) {
-                live[i] = true;
+                live.push(i);
                 used.extend(n.input.iter().cloned());
             }
         }
+        live.reverse();
         Ok(OnnxModel {
             path: path.to_path_buf(),
             dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
@@ -234,12 +241,17 @@ impl OnnxModel {
 
     fn role_of(&self, i: &OnnxInput) -> InputRole {
         let n = i.name.to_lowercase();
-        if i.elem.is_float() || i.dims.len() != 2 {
+        if i.dims.len() != 2 {
             InputRole::Other
         } else if n.contains("mask") {
+            // Integer or float: 1 for a real token, 0 for padding either way.
             InputRole::AttentionMask
+        } else if i.elem.is_float() {
+            InputRole::Other
         } else if n.contains("type") || n.contains("segment") {
             InputRole::TokenTypes
+        } else if n.contains("position") {
+            InputRole::PositionIds
         } else if n.contains("id") || n.contains("input") {
             InputRole::TokenIds
         } else {
@@ -291,9 +303,11 @@ impl OnnxModel {
     pub fn import_with(&self, shapes: &[Vec<usize>], known: &[Option<HostTensor>]) -> Result<Graph> {
         let g = self.graph_proto();
         let mut im = Importer::new(self);
-        let ctx = |n: &str, op: &str, dom: &str| format!("{}: node `{n}` ({op}, domain `{}`, opset {})", self.path.display(), if dom.is_empty() { "ai.onnx" } else { dom }, self.opset);
+        // `where_` names the part of the model at fault; the file comes first in both errors
+        // (`Error::Model` prints its path itself).
+        let ctx = |n: &str, op: &str, dom: &str| format!("node `{n}` ({op}, domain `{}`, opset {})", if dom.is_empty() { "ai.onnx" } else { dom }, self.opset);
         let fail = |where_: String, f: Fail| match f {
-            Fail::Unsupported(m) => Error::Unsupported(format!("{where_}: {m}")),
+            Fail::Unsupported(m) => Error::Unsupported(format!("{}: {where_}: {m}", self.path.display())),
             Fail::Invalid(m) => Error::Model { path: self.path.clone(), message: format!("{where_}: {m}") },
         };
         if shapes.len() != self.inputs.len() {
@@ -307,24 +321,21 @@ impl OnnxModel {
             }
             match k {
                 Some(t) => im.known_input(&i.name, i.elem, &t),
-                None => im.input(&i.name, i.elem, s, self.role_of(i)).map_err(|f| fail(format!("{}: input `{}`", self.path.display(), i.name), f))?,
+                None => im.input(&i.name, i.elem, s, self.role_of(i)).map_err(|f| fail(format!("input `{}`", i.name), f))?,
             }
         }
         for t in &g.initializer {
             if self.inputs.iter().any(|i| i.name == t.name()) {
                 continue;
             }
-            im.initializer(t.name(), t).map_err(|f| fail(format!("{}: initializer `{}`", self.path.display(), t.name()), f))?;
+            im.initializer(t.name(), t).map_err(|f| fail(format!("initializer `{}`", t.name()), f))?;
         }
-        for (n, _) in g.node.iter().zip(&self.live).filter(|(_, &l)| l) {
-            if !(n.domain().is_empty() || n.domain() == "ai.onnx") {
-                return Err(Error::Unsupported(format!("{}: op `{}` of domain `{}`", ctx(n.name(), n.op_type(), n.domain()), n.op_type(), n.domain())));
-            }
+        for n in self.live.iter().map(|&i| &g.node[i]) {
             let label = if n.name().is_empty() { n.output.first().map(String::as_str).unwrap_or("") } else { n.name() };
             im.node_proto(n).map_err(|f| fail(ctx(label, n.op_type(), n.domain()), f))?;
         }
         for o in &g.output {
-            let v = im_value(&mut im, o.name()).map_err(|f| fail(format!("{}: output `{}`", self.path.display(), o.name()), f))?;
+            let v = im_value(&mut im, o.name()).map_err(|f| fail(format!("output `{}`", o.name()), f))?;
             im.g.outputs.push(v);
             im.g.output_names.push(o.name().to_string());
         }
@@ -405,7 +416,11 @@ impl OnnxModel {
             let k = if n.domain().is_empty() || n.domain() == "ai.onnx" { n.op_type().to_string() } else { format!("{}::{}", n.domain(), n.op_type()) };
             *count.entry(k).or_default() += 1;
         }
-        let missing = count.keys().filter(|k| !import::SUPPORTED.contains(&k.as_str())).cloned().collect();
+        let known = |k: &str| match k.strip_prefix("com.microsoft::") {
+            Some(c) => import::CONTRIB.contains(&c),
+            None => import::SUPPORTED.contains(&k),
+        };
+        let missing = count.keys().filter(|k| !known(k)).cloned().collect();
         (count.into_iter().collect(), missing)
     }
 }

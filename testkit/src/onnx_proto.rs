@@ -1,0 +1,26 @@
+//! Building ONNX protos by hand in tests (the importer's and the fuzzer's seeds).
+
+use kiln_compiler::frontends::onnx::proto::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto, ValueInfoProto};
+
+/// A graph input or output: `name`, ONNX element type code `elem` (1 float, 7 int64, ...) and
+/// dims, each a size (`Ok`) or a symbolic name (`Err`).
+pub fn value_info(name: &str, elem: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                Ok(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
+                Err(p) => tensor_shape_proto::dimension::Value::DimParam(p.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(TensorShapeProto { dim }) })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
