@@ -38,6 +38,7 @@ pub mod attention;
 
 pub mod error;
 pub mod gemm;
+mod lanes;
 pub mod math;
 pub mod peak;
 pub mod table;

@@ -342,6 +342,185 @@ fn tail(x: f32) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
+// SIMD algorithms, written once over `Lanes` and instantiated at 8 lanes (AVX2) and 16 (AVX-512).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    //! The vector algorithms the GEMM epilogue and the softmax use, generic over the vector width.
+    //! Each is the same sequence of IEEE-exact lane operations at every width, so an AVX-512
+    //! caller gets the AVX2 answer bit for bit (`kernels/tests/math.rs` checks it on sweeps).
+    //! All functions are `unsafe`: the caller is a `#[target_feature]` function of `V`'s ISA.
+    use super::*;
+    use crate::lanes::Lanes;
+
+    #[inline(always)]
+    pub unsafe fn horner<V: Lanes>(t: V, c: &[f32]) -> V {
+        unsafe {
+            let mut acc = V::splat(c[c.len() - 1]);
+            let mut i = c.len() - 1;
+            while i > 0 {
+                i -= 1;
+                acc = acc.fmadd(t, V::splat(c[i]));
+            }
+            acc
+        }
+    }
+
+    /// e^x for the internal uses (softmax, erf, tanh, GELU, sigmoid): one scaling step, so
+    /// inputs are clamped to [-87.3, 88.3] and the results stay normal; below -87.3 the result
+    /// is flushed to zero (not e^-87.3: a softmax weight of an -inf score must be an exact 0, or
+    /// `weight·inf` in the value product turns 0·inf = NaN into ±inf). NaN propagates. Same
+    /// accuracy as the full-range `exp8` inside that range.
+    #[inline(always)]
+    pub unsafe fn exp_lean<V: Lanes>(x: V) -> V {
+        unsafe {
+            let lo = V::splat(EXP_LEAN_MIN);
+            // Set where x >= -87.3 or x is NaN (not-less-than, unordered is true).
+            let keep = x.nlt(lo);
+            let xc = lo.max(V::splat(EXP_LEAN_MAX).min(x));
+            // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
+            let magic = V::splat(ROUND_MAGIC + 127.0);
+            let t = xc.fmadd(V::splat(LOG2E), magic);
+            let n = t.sub(magic);
+            let r = n.fnmadd(V::splat(LN2_HI), xc);
+            let r = n.fnmadd(V::splat(LN2_LO), r);
+            let p = horner(r, &EXP_P);
+            let y = p.fmadd(r.mul(r), r).add(V::splat(1.0));
+            y.mul(t.shl23()).zero_unless(keep)
+        }
+    }
+
+    /// erf(x): `x + x·Q(x²)` below the split, `±(1 - erfc(|x|))` above (see the module doc).
+    #[inline(always)]
+    pub unsafe fn erf<V: Lanes>(x: V) -> V {
+        unsafe {
+            let one = V::splat(1.0);
+            let a = x.abs().min(V::splat(ERF_CLAMP));
+            let t = a.mul(a);
+            let small = a.lt(V::splat(ERF_SPLIT));
+            let ys = x.fmadd(horner(t, &ERF_SMALL), x);
+            if V::all(small) {
+                return ys;
+            }
+            // erfc(a) for 0.9 <= a <= 10: exp(-a²)·R(1/(1 + a/2)).
+            let v = one.div(a.fmadd(V::splat(0.5), one));
+            let erfc = exp_lean(V::splat(0.0).sub(t)).mul(horner(v, &ERFC_T));
+            let yb = one.sub(erfc).copysign(x);
+            let y = V::select(small, ys, yb);
+            // NaN: |NaN| compares false with the split, so it took the large branch; restore it.
+            V::select(x.unord(x), x, y)
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn tanh<V: Lanes>(x: V) -> V {
+        unsafe {
+            let a = x.abs().min(V::splat(TANH_CLAMP));
+            let t = a.mul(a);
+            let small = a.lt(V::splat(TANH_SPLIT));
+            let ys = x.mul(t).fmadd(horner(t, &TANH_SMALL), x);
+            if V::all(small) {
+                return ys;
+            }
+            let one = V::splat(1.0);
+            let e = exp_lean(a.add(a));
+            let yb = one.sub(V::splat(2.0).div(e.add(one))).copysign(x);
+            let y = V::select(small, ys, yb);
+            V::select(x.unord(x), x, y)
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn relu<V: Lanes>(x: V) -> V {
+        // max returns its second operand when either is NaN: NaN stays NaN.
+        unsafe { V::splat(0.0).max(x) }
+    }
+
+    #[inline(always)]
+    pub unsafe fn sigmoid<V: Lanes>(x: V) -> V {
+        unsafe {
+            let one = V::splat(1.0);
+            let e = exp_lean(V::splat(0.0).sub(x));
+            one.div(one.add(e))
+        }
+    }
+
+    /// `y`, with the tails of the module doc in the lanes where |x| > [`TAIL`]: `x` for x > 0,
+    /// -0 for x < 0, NaN at -inf. The fix-up runs only when some lane is that large (never in
+    /// a real model's activations), so the common path pays one compare and one branch.
+    #[inline(always)]
+    unsafe fn tails<V: Lanes>(x: V, y: V) -> V {
+        unsafe {
+            let big = x.abs().gt(V::splat(TAIL));
+            if !V::any(big) {
+                return y;
+            }
+            let pos = x.gt(V::splat(0.0));
+            let t = V::select(pos, x, V::splat(-0.0));
+            let t = V::select(x.eq(V::splat(f32::NEG_INFINITY)), V::splat(f32::NAN), t);
+            V::select(big, t, y)
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn silu<V: Lanes>(x: V) -> V {
+        unsafe {
+            let one = V::splat(1.0);
+            let e = exp_lean(V::splat(0.0).sub(x));
+            tails(x, x.div(one.add(e)))
+        }
+    }
+
+    /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
+    #[inline(always)]
+    pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
+        unsafe {
+            let one = V::splat(1.0);
+            let half = V::splat(0.5);
+            // min(10, |u|) with the NaN operand second: NaN propagates.
+            let a = V::splat(ERFC_MAX).min(x.mul(V::splat(FRAC_1_SQRT_2)).abs());
+            let x2 = x.mul(x);
+            let x2lo = x.fmsub(x, x2);
+            let hi = x2.mul(half);
+            let lo = x2lo.mul(half);
+            let v = one.div(a.fmadd(half, one));
+            // exp_lean clamps -hi at -87.3: beyond, erfc(a)·x is below 1e-37 anyway.
+            let e = exp_lean(V::splat(0.0).sub(hi)).mul(one.sub(lo));
+            let erfc_a = e.mul(horner(v, &ERFC_T0));
+            let pos = x.gt(V::splat(0.0));
+            let two_phi = V::select(pos, V::splat(2.0).sub(erfc_a), erfc_a);
+            tails(x, x.mul(half).mul(two_phi))
+        }
+    }
+
+    /// See the scalar `gelu_tanh`: `x / (1 + exp(-2u))`.
+    #[inline(always)]
+    pub unsafe fn gelu_tanh<V: Lanes>(x: V) -> V {
+        unsafe {
+            let x3 = x.mul(x).mul(x);
+            let u2 = x3.fmadd(V::splat(GELU_TANH_C), x).mul(V::splat(-2.0 * SQRT_2_OVER_PI));
+            tails(x, x.div(V::splat(1.0).add(exp_lean(u2))))
+        }
+    }
+
+    /// The activation of one vector.
+    #[inline(always)]
+    pub unsafe fn act<V: Lanes>(act: Activation, x: V) -> V {
+        unsafe {
+            match act {
+                Activation::None => x,
+                Activation::Relu => relu(x),
+                Activation::GeluErf => gelu_erf(x),
+                Activation::GeluTanh => gelu_tanh(x),
+                Activation::Tanh => tanh(x),
+                Activation::Sigmoid => sigmoid(x),
+                Activation::Silu => silu(x),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // AVX2 + FMA path.
 
 #[cfg(target_arch = "x86_64")]
@@ -350,24 +529,6 @@ pub(crate) mod avx2 {
     //! `is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")`.
     use super::*;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn horner8(t: __m256, c: &[f32]) -> __m256 {
-        let mut acc = _mm256_set1_ps(c[c.len() - 1]);
-        let mut i = c.len() - 1;
-        while i > 0 {
-            i -= 1;
-            acc = _mm256_fmadd_ps(acc, t, _mm256_set1_ps(c[i]));
-        }
-        acc
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn is_nan(x: __m256) -> __m256 {
-        _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)
-    }
 
     use super::coeffs::ROUND_MAGIC;
 
@@ -386,7 +547,8 @@ pub(crate) mod avx2 {
         let n = _mm256_sub_ps(t, magic);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let p = horner8(r, &EXP_P);
+        // SAFETY: AVX2+FMA enabled on this function.
+        let p = unsafe { simd::horner(r, &EXP_P) };
         let y = _mm256_add_ps(
             _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
             _mm256_set1_ps(1.0),
@@ -408,184 +570,67 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn exp8_lean(x: __m256) -> __m256 {
-        let lo = _mm256_set1_ps(-87.3);
-        // All ones where x >= -87.3 or x is NaN (not-less-than, unordered is true).
-        let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, lo);
-        let xc = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.3), x));
-        // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
-        let magic = _mm256_set1_ps(ROUND_MAGIC + 127.0);
-        let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), magic);
-        let n = _mm256_sub_ps(t, magic);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let p = horner8(r, &EXP_P);
-        let y = _mm256_add_ps(
-            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-            _mm256_set1_ps(1.0),
-        );
-        let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)));
-        _mm256_and_ps(_mm256_mul_ps(y, s), keep)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn abs8(x: __m256) -> __m256 {
-        _mm256_andnot_ps(_mm256_set1_ps(-0.0), x)
-    }
-
-    /// |m| with the sign of x.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn copysign8(m: __m256, x: __m256) -> __m256 {
-        let sign = _mm256_set1_ps(-0.0);
-        _mm256_or_ps(_mm256_andnot_ps(sign, m), _mm256_and_ps(sign, x))
-    }
-
-    /// erfc(a) for 0.9 <= a <= 10, given t = a².
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn erfc_big8(a: __m256, t: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, _mm256_set1_ps(0.5), one));
-        _mm256_mul_ps(
-            exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), t)),
-            horner8(v, &ERFC_T),
-        )
+        // SAFETY: AVX2+FMA enabled on this function.
+        unsafe { simd::exp_lean(x) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn erf8(x: __m256) -> __m256 {
-        let a = _mm256_min_ps(abs8(x), _mm256_set1_ps(ERF_CLAMP));
-        let t = _mm256_mul_ps(a, a);
-        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(ERF_SPLIT));
-        let ys = _mm256_fmadd_ps(x, horner8(t, &ERF_SMALL), x);
-        let ms = _mm256_movemask_ps(small);
-        if ms == 0xff {
-            return ys;
-        }
-        let erfc = erfc_big8(a, t);
-        let yb = copysign8(_mm256_sub_ps(_mm256_set1_ps(1.0), erfc), x);
-        let y = _mm256_blendv_ps(yb, ys, small);
-        // NaN: |NaN| compares false with the split, so it took the large branch; restore it.
-        _mm256_blendv_ps(y, x, is_nan(x))
+        // SAFETY: AVX2+FMA enabled on this function.
+        unsafe { simd::erf(x) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn tanh8(x: __m256) -> __m256 {
-        let a = _mm256_min_ps(abs8(x), _mm256_set1_ps(TANH_CLAMP));
-        let t = _mm256_mul_ps(a, a);
-        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(TANH_SPLIT));
-        let ys = _mm256_fmadd_ps(_mm256_mul_ps(x, t), horner8(t, &TANH_SMALL), x);
-        if _mm256_movemask_ps(small) == 0xff {
-            return ys;
-        }
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8_lean(_mm256_add_ps(a, a));
-        let yb = copysign8(
-            _mm256_sub_ps(
-                one,
-                _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
-            ),
-            x,
-        );
-        let y = _mm256_blendv_ps(yb, ys, small);
-        _mm256_blendv_ps(y, x, is_nan(x))
+        // SAFETY: as above.
+        unsafe { simd::tanh(x) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn relu8(x: __m256) -> __m256 {
-        // max_ps returns its second operand when either is NaN: NaN stays NaN.
-        _mm256_max_ps(_mm256_setzero_ps(), x)
+        // SAFETY: as above.
+        unsafe { simd::relu(x) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn sigmoid8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(one, _mm256_add_ps(one, e))
-    }
-
-    /// `y`, with the tails of the module doc in the lanes where |x| > [`TAIL`]: `x` for x > 0,
-    /// -0 for x < 0, NaN at -inf. The fix-up runs only when some lane is that large (never in
-    /// a real model's activations), so the common path pays one compare and one branch.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn tails8(x: __m256, y: __m256) -> __m256 {
-        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs8(x), _mm256_set1_ps(TAIL));
-        if _mm256_movemask_ps(big) == 0 {
-            return y;
-        }
-        let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
-        let t = _mm256_blendv_ps(_mm256_set1_ps(-0.0), x, pos);
-        let ninf = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::NEG_INFINITY));
-        let t = _mm256_blendv_ps(t, _mm256_set1_ps(f32::NAN), ninf);
-        _mm256_blendv_ps(y, t, big)
+        // SAFETY: as above.
+        unsafe { simd::sigmoid(x) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn silu8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        tails8(x, _mm256_div_ps(x, _mm256_add_ps(one, e)))
+        // SAFETY: as above.
+        unsafe { simd::silu(x) }
     }
 
     /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu_erf8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let half = _mm256_set1_ps(0.5);
-        // min(10, |u|) with the NaN operand second: NaN propagates.
-        let a = _mm256_min_ps(
-            _mm256_set1_ps(ERFC_MAX),
-            abs8(_mm256_mul_ps(x, _mm256_set1_ps(FRAC_1_SQRT_2))),
-        );
-        let x2 = _mm256_mul_ps(x, x);
-        let x2lo = _mm256_fmsub_ps(x, x, x2);
-        let hi = _mm256_mul_ps(x2, half);
-        let lo = _mm256_mul_ps(x2lo, half);
-        let v = _mm256_div_ps(one, _mm256_fmadd_ps(a, half, one));
-        // exp8_lean clamps -hi at -87.3: beyond, erfc(a)·x is below 1e-37 anyway.
-        let e = _mm256_mul_ps(
-            exp8_lean(_mm256_sub_ps(_mm256_setzero_ps(), hi)),
-            _mm256_sub_ps(one, lo),
-        );
-        let erfc_a = _mm256_mul_ps(e, horner8(v, &ERFC_T0));
-        let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
-        let two_phi = _mm256_blendv_ps(erfc_a, _mm256_sub_ps(_mm256_set1_ps(2.0), erfc_a), pos);
-        tails8(x, _mm256_mul_ps(_mm256_mul_ps(x, half), two_phi))
+        // SAFETY: as above.
+        unsafe { simd::gelu_erf(x) }
     }
 
     /// See the scalar `gelu_tanh`: `x / (1 + exp(-2u))`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu_tanh8(x: __m256) -> __m256 {
-        let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        let u2 = _mm256_mul_ps(
-            _mm256_fmadd_ps(x3, _mm256_set1_ps(GELU_TANH_C), x),
-            _mm256_set1_ps(-2.0 * SQRT_2_OVER_PI),
-        );
-        tails8(x, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), exp8_lean(u2))))
+        // SAFETY: as above.
+        unsafe { simd::gelu_tanh(x) }
     }
 
     /// The activation of eight lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn act8(act: Activation, x: __m256) -> __m256 {
-        match act {
-            Activation::None => x,
-            Activation::Relu => relu8(x),
-            Activation::GeluErf => gelu_erf8(x),
-            Activation::GeluTanh => gelu_tanh8(x),
-            Activation::Tanh => tanh8(x),
-            Activation::Sigmoid => sigmoid8(x),
-            Activation::Silu => silu8(x),
-        }
+        // SAFETY: as above.
+        unsafe { simd::act(act, x) }
     }
 
     /// Lane mask with the first `n` (0..=8) lanes set, for masked loads and stores.
@@ -722,6 +767,10 @@ pub(crate) unsafe fn exp_shift_sum_raw(
 ) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if crate::effective_isa(isa).has_avx2() {
+        if crate::effective_isa(isa) == crate::Isa::Avx512 {
+            // SAFETY: AVX-512F (and AVX2+FMA) detected; pointer contract forwarded.
+            return unsafe { avx2_softmax::exp_shift_sum_512(x, mask, n) };
+        }
         // SAFETY: AVX2+FMA detected; pointer contract forwarded.
         return unsafe { avx2_softmax::exp_shift_sum(x, mask, n) };
     }
@@ -906,6 +955,73 @@ mod avx2_softmax {
                 i += 16;
             }
             while i + 8 <= n {
+                let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
+                _mm256_storeu_ps(x.add(i), e);
+                s0 = _mm256_add_ps(s0, e);
+                i += 8;
+            }
+            if i < n {
+                let m = tail_mask(n - i);
+                let e = exp8_lean(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
+                let e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
+                _mm256_maskstore_ps(x.add(i), m, e);
+                s1 = _mm256_add_ps(s1, e);
+            }
+        }
+        (mx, hsum(_mm256_add_ps(s0, s1)))
+    }
+
+    /// [`exp_shift_sum`] with 16-lane exponentials. The AVX2 version sums each 16-float chunk
+    /// into two 8-lane accumulators (low and high half); here one 16-lane accumulator holds both
+    /// halves, and the last < 16 floats go through the AVX2 code with the halves split back out,
+    /// so every partial sum sees the same additions in the same order: bitwise the same result.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX2+FMA present; as [`exp_shift_sum`].
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn exp_shift_sum_512(x: *mut f32, mask: *const f32, n: usize) -> (f32, f32) {
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut mv = ninf;
+        let mut i = 0;
+        // SAFETY (both passes): full vectors at i + 16 <= n, masked lanes < n.
+        unsafe {
+            while i < n {
+                let w = (n - i).min(16);
+                let k: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
+                let mut v = _mm512_mask_loadu_ps(ninf, k, x.add(i));
+                if !mask.is_null() {
+                    v = _mm512_add_ps(v, _mm512_mask_loadu_ps(ninf, k, mask.add(i)));
+                    _mm512_mask_storeu_ps(x.add(i), k, v);
+                }
+                // The max does not depend on the order (a NaN anywhere makes the row NaN below,
+                // whichever max it leaves).
+                mv = _mm512_max_ps(mv, v);
+                i += 16;
+            }
+        }
+        let mx = _mm512_reduce_max_ps(mv);
+        if mx == f32::NEG_INFINITY {
+            // SAFETY: n floats at x.
+            return super::masked_row(unsafe { std::slice::from_raw_parts_mut(x, n) });
+        }
+        let mxv = _mm512_set1_ps(mx);
+        let mut s = _mm512_setzero_ps();
+        i = 0;
+        // SAFETY: as above.
+        unsafe {
+            while i + 16 <= n {
+                let e = super::simd::exp_lean(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), mxv));
+                _mm512_storeu_ps(x.add(i), e);
+                s = _mm512_add_ps(s, e);
+                i += 16;
+            }
+        }
+        let mut s0 = _mm512_castps512_ps256(s);
+        let mut s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
+        let mxv = _mm256_set1_ps(mx);
+        // SAFETY: as above; the rest (< 16 floats) exactly as in `exp_shift_sum`.
+        unsafe {
+            if i + 8 <= n {
                 let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
                 _mm256_storeu_ps(x.add(i), e);
                 s0 = _mm256_add_ps(s0, e);

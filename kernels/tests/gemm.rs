@@ -245,6 +245,58 @@ fn avx512_tile_is_bitwise_equal_to_avx2() {
 }
 
 #[test]
+fn avx512_epilogue_is_bitwise_equal_to_avx2_for_every_activation() {
+    // C = A·B with k = 1 and B entries ±1 (exact), so the epilogue sees a dense sweep of f32
+    // values (subnormals to 1e30, ±0, ±inf, NaN) at every lane position of full and masked
+    // vectors; the 16-lane epilogue must give the 8-lane one's bits for each activation.
+    if kiln_kernels::detect_isa() != Isa::Avx512 {
+        eprintln!("no AVX-512 on this machine: skipped");
+        return;
+    }
+    let mut xs = vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.5, -88.5];
+    let top = 1e30f32.to_bits();
+    let mut bits = 0u32;
+    while bits <= top {
+        xs.push(f32::from_bits(bits));
+        bits += 1 << 16;
+    }
+    let (m, k, n) = (xs.len(), 1, 37);
+    let b: Vec<f32> = (0..n).map(|j| if j % 3 == 1 { -1.0 } else { 1.0 }).collect();
+    let pb = pack_b(&b, k, n, n, false).unwrap();
+    let bias = vec![0.0f32; n];
+    for act in [
+        Activation::None,
+        Activation::Relu,
+        Activation::GeluErf,
+        Activation::GeluTanh,
+        Activation::Tanh,
+        Activation::Sigmoid,
+        Activation::Silu,
+    ] {
+        let epi = EpilogueRef {
+            bias: Some(&bias),
+            activation: act,
+            ..EpilogueRef::default()
+        };
+        let mut runs = Vec::new();
+        for isa in [Isa::Avx2Fma, Isa::Avx512] {
+            let mut c = vec![0.0f32; m * n];
+            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 1)];
+            gemm_prepacked(m, k, n, &xs, 1, pb.as_slice(), &mut c, n, false, &epi, &mut scratch, None, isa)
+                .unwrap();
+            runs.push(c);
+        }
+        for (idx, (x, y)) in runs[0].iter().zip(&runs[1]).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits(),
+                "{act:?} at input {:e}: AVX2 {x:e}, AVX-512 {y:e}",
+                xs[idx / n] * b[idx % n]
+            );
+        }
+    }
+}
+
+#[test]
 fn block_edges() {
     // k across KC, m across MC, n across several panels; k = 0 and m/n = 0 handled.
     let shapes = [
