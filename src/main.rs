@@ -512,7 +512,10 @@ fn cpu_threads(threads: Option<usize>) -> kiln_runtime::cpu::Threads {
 fn print_peak(threads: usize) -> Option<f64> {
     let peak = kiln_kernels::peak::fma_peak_gflops(threads, 10, 15.0);
     match peak {
-        Some(p) => println!("FMA peak (measured, {threads} thread(s), register-only ymm FMA loop): {p:.1} GFLOP/s"),
+        Some(p) => println!(
+            "FMA peak (measured, {threads} thread(s), register-only {} FMA loop): {p:.1} GFLOP/s",
+            kiln_kernels::peak::fma_register()
+        ),
         None => println!("FMA peak: not measured (no AVX2+FMA)"),
     }
     peak

@@ -191,7 +191,10 @@ fn main() {
 
     let peak1 = fma_peak(1);
     let peak2 = fma_peak(2);
-    println!("FMA peak (register-only vfmadd231ps ymm, 12 chains): 1 thread {peak1:.1} GFLOP/s, 2 threads {peak2:.1} GFLOP/s");
+    println!(
+        "FMA peak (register-only vfmadd231ps {}, 12 chains): 1 thread {peak1:.1} GFLOP/s, 2 threads {peak2:.1} GFLOP/s",
+        kiln_kernels::peak::fma_register()
+    );
 
     let shapes: &[(usize, usize, usize)] = &[
         (128, 384, 384),

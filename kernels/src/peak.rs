@@ -1,10 +1,13 @@
 //! The machine's f32 FMA peak, measured: every thread runs a register-only loop of independent
-//! `vfmadd231ps ymm` chains (no loads or stores), and the best of several short runs is kept
-//! (other processes only ever make a run slower). Benchmarks report GFLOP/s as a share of this.
+//! FMA chains (no loads or stores), and the best of several short runs is kept (other processes
+//! only ever make a run slower). Benchmarks report GFLOP/s as a share of this.
 //!
-//! On AVX-512 machines whose 512-bit FMA is split into two 256-bit halves (AMD Zen 4) the ymm
-//! loop already saturates both FMA pipes; on Intel parts with two 512-bit FMA units the true
-//! peak is twice this, which is why benchmarks also print the nominal figure they were given.
+//! The loop uses the widest FMA the kernels run with ([`crate::detect_isa`]): `vfmadd231ps zmm`
+//! on the AVX-512 path, `ymm` on the AVX2 one (`KILN_NO_AVX512=1`). The two differ where the
+//! 512-bit FMA is native: an Intel Xeon with two 512-bit FMA units peaks at twice its ymm rate
+//! (measured on a 2-core Xeon VM: 93 GFLOP/s per thread with ymm, 186 with zmm, where the
+//! AVX-512 GEMM ran at 168, "180% of peak" against the ymm figure), while AMD Zen 4 splits a
+//! zmm FMA into two halves and peaks at the same rate with either width.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -38,12 +41,46 @@ fn fma_loop(iters: u64, seed: f32) -> f32 {
     out.iter().sum()
 }
 
+/// The register the peak loop uses on this machine: "zmm" (AVX-512 path) or "ymm".
+pub fn fma_register() -> &'static str {
+    if crate::detect_isa() == crate::Isa::Avx512 {
+        "zmm"
+    } else {
+        "ymm"
+    }
+}
+
+/// FLOPs per call of `fma_loop_512`: iters · CHAINS chains · 16 lanes · 2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma_loop_512(iters: u64, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let x = _mm512_set1_ps(0.999_999);
+    let y = _mm512_set1_ps(1e-7);
+    let mut a = [_mm512_set1_ps(seed); CHAINS];
+    for (i, v) in a.iter_mut().enumerate() {
+        *v = _mm512_add_ps(*v, _mm512_set1_ps(i as f32));
+    }
+    for _ in 0..iters {
+        for v in a.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, x, y);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for v in a {
+        s = _mm512_add_ps(s, v);
+    }
+    _mm512_reduce_add_ps(s)
+}
+
 /// Peak GFLOP/s of `threads` threads each running the register FMA loop for about `ms_per_run`
 /// milliseconds, best of `runs`. `None` without AVX2+FMA (no SIMD peak to speak of).
 pub fn fma_peak_gflops(threads: usize, runs: usize, ms_per_run: f64) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     if crate::detect_isa().has_avx2() {
         let threads = threads.max(1);
+        let wide = crate::detect_isa() == crate::Isa::Avx512;
+        let lanes = if wide { 16 } else { 8 };
         // One iteration = 12 FMAs = 6 cycles on two FMA pipes: ~6e5 iterations per ms at 3.6 GHz.
         let iters = ((ms_per_run.max(0.1)) * 6e5) as u64;
         let mut best = 0.0f64;
@@ -52,13 +89,18 @@ pub fn fma_peak_gflops(threads: usize, runs: usize, ms_per_run: f64) -> Option<f
             std::thread::scope(|s| {
                 for t in 0..threads {
                     s.spawn(move || {
-                        // SAFETY: AVX2+FMA detected above.
-                        black_box(unsafe { fma_loop(black_box(iters), t as f32) })
+                        if wide {
+                            // SAFETY: AVX-512F detected (detect_isa).
+                            black_box(unsafe { fma_loop_512(black_box(iters), t as f32) })
+                        } else {
+                            // SAFETY: AVX2+FMA detected above.
+                            black_box(unsafe { fma_loop(black_box(iters), t as f32) })
+                        }
                     });
                 }
             });
             let dt = t0.elapsed().as_secs_f64();
-            let flops = (iters * CHAINS as u64 * 8 * 2 * threads as u64) as f64;
+            let flops = (iters * CHAINS as u64 * lanes * 2 * threads as u64) as f64;
             best = best.max(flops / dt / 1e9);
         }
         return Some(best);
