@@ -1,7 +1,8 @@
 //! GEMM benchmark: measures this machine's FMA peak with a register-only microbenchmark, then the
 //! GFLOP/s of `kiln_kernels::gemm` at MiniLM shapes, single- and multi-threaded, as % of that peak.
 //!
-//! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`
+//! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`; `COLD=a|b|c` makes
+//! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -245,6 +246,63 @@ fn main() {
                 100.0 * f1 / peak1,
                 f2,
                 100.0 * f2 / peak2
+            );
+        }
+    }
+
+    // In a model each GEMM meets its weights (and often its input) cold: the next layer's B was
+    // last touched a whole forward pass ago. Cycling through enough copies of the operands to
+    // overflow the caches shows what that costs against the hot loop above.
+    println!();
+    println!("2 threads, operands hot (one copy) vs cold (copies cycled, 256 MiB in all), bias+GELU / none:");
+    println!("{:>20} {:>10} {:>9} {:>9}", "m×k·k×n", "epilogue", "hot GF/s", "cold GF/s");
+    for &(m, k, n) in shapes {
+        let flops = 2.0 * (m * n * k) as f64;
+        let bytes = 4 * (m * k + k * n + m * n);
+        let copies = ((256usize << 20) / bytes).max(2);
+        let ops: Vec<(Vec<f32>, PackedB, Vec<f32>)> = (0..copies)
+            .map(|i| {
+                let w = rand_vec(n * k, 2 + i as u64);
+                (rand_vec(m * k, 1 + i as u64), pack_b(&w, k, n, k, true).expect("pack"), rand_vec(n, 3))
+            })
+            .collect();
+        for gelu in [false, true] {
+            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
+            let mut cs: Vec<Vec<f32>> = (0..copies).map(|_| vec![0.0f32; m * n]).collect();
+            let mut i = 0;
+            let cold_what = std::env::var("COLD").unwrap_or_default();
+            let one = |which: usize, scratch: &mut [f32], cs: &mut [Vec<f32>]| {
+                let (wa, wb, wc) = match cold_what.as_str() {
+                    "b" => (0, which, 0),
+                    "a" => (which, 0, 0),
+                    "c" => (0, 0, which),
+                    _ => (which, which, which),
+                };
+                let (a, _, bias) = &ops[wa];
+                let pb = &ops[wb].1;
+                let which = wc;
+                let epi = EpilogueRef {
+                    bias: gelu.then_some(&bias[..]),
+                    activation: if gelu { Activation::GeluErf } else { Activation::None },
+                    ..Default::default()
+                };
+                gemm_split(m, k, n, a, k, pb.as_slice(), &mut cs[which], n, false, &epi, scratch, Some(&pool2), isa, Split::Auto)
+                    .expect("gemm");
+            };
+            let mut hot = || one(0, &mut scratch, &mut cs);
+            let th = best_of(min_time, &mut [&mut hot])[0];
+            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
+            let mut cold = || {
+                i = (i + 1) % copies;
+                one(i, &mut scratch, &mut cs);
+            };
+            let tc = best_of(min_time, &mut [&mut cold])[0];
+            println!(
+                "{:>20} {:>10} {:>9.1} {:>9.1}",
+                format!("{m}×{k}·{k}×{n}"),
+                if gelu { "bias+gelu" } else { "none" },
+                flops / th / 1e9,
+                flops / tc / 1e9
             );
         }
     }
