@@ -245,7 +245,7 @@ proptest! {
 /// reduction and a softmax.
 fn onnx_seed() -> &'static [u8] {
     use kiln_compiler::frontends::onnx::proto::{
-        tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        tensor_proto::DataType, AttributeProto, GraphProto, NodeProto, TensorProto,
     };
     use prost::Message;
     static SEED: OnceLock<Vec<u8>> = OnceLock::new();
@@ -303,16 +303,7 @@ fn onnx_seed() -> &'static [u8] {
             ],
             ..Default::default()
         };
-        ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![
-                OperatorSetIdProto { domain: Some(String::new()), version: Some(17) },
-                OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) },
-            ],
-            graph: Some(g),
-            ..Default::default()
-        }
-        .encode_to_vec()
+        kiln_testkit::onnx_proto::model_with_contrib(g).encode_to_vec()
     })
 }
 

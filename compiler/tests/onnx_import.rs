@@ -316,15 +316,7 @@ fn refused_contrib_attention_and_foreign_domains_name_the_node() {
             ],
             ..Default::default()
         };
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![
-                OperatorSetIdProto { domain: Some(String::new()), version: Some(17) },
-                OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) },
-            ],
-            graph: Some(g),
-            ..Default::default()
-        };
+        let m = kiln_testkit::onnx_proto::model_with_contrib(g);
         write(dir.path(), &m.encode_to_vec())
     };
     let in_domain = |mut n: NodeProto, d: &str| {

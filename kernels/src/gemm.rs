@@ -83,6 +83,24 @@ impl Epilogue {
         scale: 1.0,
     };
 
+    /// Row `i` of a C tile at (`row0`, `col0`) with its bias and residual (null when absent).
+    ///
+    /// # Safety
+    /// The tile's row `i` and the bias/residual extents it reads are inside their allocations.
+    #[inline(always)]
+    unsafe fn row(&self, c: *mut f32, ldc: usize, i: usize, row0: usize, col0: usize) -> (*mut f32, *const f32, *const f32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let bp = if self.bias.is_null() { std::ptr::null() } else { self.bias.add(col0) };
+            let rp = if self.residual.is_null() {
+                std::ptr::null()
+            } else {
+                self.residual.add((row0 + i) * self.residual_stride + col0)
+            };
+            (c.add(i * ldc), bp, rp)
+        }
+    }
+
     fn has_post(&self) -> bool {
         !self.bias.is_null()
             || !self.residual.is_null()
@@ -763,17 +781,7 @@ mod avx2 {
             // SAFETY (loop): columns j..j+8 (full vectors) or j..cols (masked tail) of row i, inside
             // the tile and the bias/residual extents.
             unsafe {
-                let cp = c.add(i * ldc);
-                let rp = if e.residual.is_null() {
-                    std::ptr::null()
-                } else {
-                    e.residual.add((row0 + i) * e.residual_stride + col0)
-                };
-                let bp = if e.bias.is_null() {
-                    std::ptr::null()
-                } else {
-                    e.bias.add(col0)
-                };
+                let (cp, bp, rp) = e.row(c, ldc, i, row0, col0);
                 let mut j = 0;
                 while j + 8 <= cols {
                     let mut v = _mm256_loadu_ps(cp.add(j));
@@ -876,17 +884,7 @@ mod avx512 {
             // SAFETY (loop): the masked lanes cover columns j..min(j+16, cols) of row i, inside
             // the tile and the bias/residual extents.
             unsafe {
-                let cp = c.add(i * ldc);
-                let rp = if e.residual.is_null() {
-                    std::ptr::null()
-                } else {
-                    e.residual.add((row0 + i) * e.residual_stride + col0)
-                };
-                let bp = if e.bias.is_null() {
-                    std::ptr::null()
-                } else {
-                    e.bias.add(col0)
-                };
+                let (cp, bp, rp) = e.row(c, ldc, i, row0, col0);
                 let mut j = 0;
                 while j < cols {
                     let w = (cols - j).min(16);

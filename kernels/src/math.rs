@@ -944,7 +944,7 @@ mod avx2_softmax {
         let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         i = 0;
         // SAFETY: as above.
-        unsafe {
+        let (s0, s1) = unsafe {
             while i + 16 <= n {
                 let e0 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
                 let e1 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), mxv));
@@ -954,7 +954,22 @@ mod avx2_softmax {
                 s1 = _mm256_add_ps(s1, e1);
                 i += 16;
             }
-            while i + 8 <= n {
+            rest(x, i, n, mxv, s0, s1)
+        };
+        (mx, hsum(_mm256_add_ps(s0, s1)))
+    }
+
+    /// The last < 16 floats of the exp pass (one full vector into `s0`, the masked tail into
+    /// `s1`), shared by both widths so their sums see the same additions.
+    ///
+    /// # Safety
+    /// AVX2+FMA present; `x` readable and writable for `n` floats, `n - i < 16`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rest(x: *mut f32, mut i: usize, n: usize, mxv: __m256, mut s0: __m256, mut s1: __m256) -> (__m256, __m256) {
+        // SAFETY: a full vector at i + 8 <= n, tail lanes masked to < n.
+        unsafe {
+            if i + 8 <= n {
                 let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
                 _mm256_storeu_ps(x.add(i), e);
                 s0 = _mm256_add_ps(s0, e);
@@ -968,7 +983,7 @@ mod avx2_softmax {
                 s1 = _mm256_add_ps(s1, e);
             }
         }
-        (mx, hsum(_mm256_add_ps(s0, s1)))
+        (s0, s1)
     }
 
     /// [`exp_shift_sum`] with 16-lane exponentials. The AVX2 version sums each 16-float chunk
@@ -1016,25 +1031,10 @@ mod avx2_softmax {
                 i += 16;
             }
         }
-        let mut s0 = _mm512_castps512_ps256(s);
-        let mut s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
-        let mxv = _mm256_set1_ps(mx);
+        let s0 = _mm512_castps512_ps256(s);
+        let s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
         // SAFETY: as above; the rest (< 16 floats) exactly as in `exp_shift_sum`.
-        unsafe {
-            if i + 8 <= n {
-                let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
-                _mm256_storeu_ps(x.add(i), e);
-                s0 = _mm256_add_ps(s0, e);
-                i += 8;
-            }
-            if i < n {
-                let m = tail_mask(n - i);
-                let e = exp8_lean(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
-                let e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
-                _mm256_maskstore_ps(x.add(i), m, e);
-                s1 = _mm256_add_ps(s1, e);
-            }
-        }
+        let (s0, s1) = unsafe { rest(x, i, n, _mm256_set1_ps(mx), s0, s1) };
         (mx, hsum(_mm256_add_ps(s0, s1)))
     }
 

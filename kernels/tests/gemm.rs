@@ -264,15 +264,7 @@ fn avx512_epilogue_is_bitwise_equal_to_avx2_for_every_activation() {
     let b: Vec<f32> = (0..n).map(|j| if j % 3 == 1 { -1.0 } else { 1.0 }).collect();
     let pb = pack_b(&b, k, n, n, false).unwrap();
     let bias = vec![0.0f32; n];
-    for act in [
-        Activation::None,
-        Activation::Relu,
-        Activation::GeluErf,
-        Activation::GeluTanh,
-        Activation::Tanh,
-        Activation::Sigmoid,
-        Activation::Silu,
-    ] {
+    for act in Activation::ALL {
         let epi = EpilogueRef {
             bias: Some(&bias),
             activation: act,

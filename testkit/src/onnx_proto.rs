@@ -1,6 +1,22 @@
 //! Building ONNX protos by hand in tests (the importer's and the fuzzer's seeds).
 
-use kiln_compiler::frontends::onnx::proto::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto, ValueInfoProto};
+use kiln_compiler::frontends::onnx::proto::{
+    tensor_shape_proto, type_proto, GraphProto, ModelProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+
+/// A model around `g` importing the standard domain at opset 17 and onnxruntime's `com.microsoft`
+/// contrib domain (version 1).
+pub fn model_with_contrib(g: GraphProto) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![
+            OperatorSetIdProto { domain: Some(String::new()), version: Some(17) },
+            OperatorSetIdProto { domain: Some("com.microsoft".into()), version: Some(1) },
+        ],
+        graph: Some(g),
+        ..Default::default()
+    }
+}
 
 /// A graph input or output: `name`, ONNX element type code `elem` (1 float, 7 int64, ...) and
 /// dims, each a size (`Ok`) or a symbolic name (`Err`).
