@@ -5,7 +5,8 @@
 //! - B is packed once ([`pack_b`], [`PackedB`]) into panels of [`NR`] columns; inside a panel the
 //!   layout is k-major (`NR` consecutive floats per k), and the last panel is zero-padded.
 //!   Panel `p` starts at float `p·k·NR`. Packing accepts `[k, n]` and `[n, k]` (PyTorch Linear) sources.
-//! - Blocking (Goto/BLIS order): k in equal blocks of at most [`KC`], m in blocks of [`MC`]; for each (k, m) block
+//! - Blocking (Goto/BLIS order): k in equal blocks of at most [`KC`], m in equal blocks of at most [`MC`]
+//!   rows (whole tiles); for each (k, m) block
 //!   the A block is packed into caller scratch as MR-row strips (k-major, zero-padded), then for each
 //!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2).
 //! - Microkernel: [`MR`]×[`NR`] = 6×16 register tile, 12 ymm accumulators, `vfmadd231ps` with a
@@ -41,8 +42,11 @@ pub const NR: usize = 16;
 /// (gemm_bench 1024×384·384×1536, 1 thread: 82-87% → 95% of peak on AVX-512, 80% → 92% on AVX2;
 /// the m = 128 shapes within noise).
 pub const KC: usize = 384;
-/// m block (a multiple of MR): the packed A block of MC×KC floats (180 KiB) stays in L2.
-pub const MC: usize = 120;
+/// Largest m block (a multiple of 2·MR, the AVX-512 tile's rows): the packed A block of MC×KC
+/// floats (216 KiB) stays in L2. 144 rather than 120 so that a 128-row GEMM (MiniLM at 1×128, and
+/// each thread's share of many others) is one m block: every m block streams all of its B
+/// panels, and a second block of 8 rows read the whole B again for 6% of the work.
+pub const MC: usize = 144;
 /// Floats of slack per scratch region so it can be aligned to 64 bytes.
 const ALIGN_SLACK: usize = 16;
 /// Below this many multiply-adds a GEMM runs on one thread.
@@ -1062,9 +1066,14 @@ pub(crate) unsafe fn gemm_block(
         let kc = kc_step.min(d.k - kc0);
         let beta = d.accumulate || kc0 > 0;
         let last = kc0 + kc == d.k;
+        // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
+        // 144 + 144 + 12): no short block streams all of B for a few rows.
+        let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
+        let rows = (r1 - r0).max(1);
+        let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
         let mut mc0 = r0;
         while mc0 < r1 {
-            let mc = MC.min(r1 - mc0);
+            let mc = mc_step.min(r1 - mc0);
             // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
             unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
             if let Some(wide) = arch.wide {
