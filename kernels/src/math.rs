@@ -348,7 +348,8 @@ fn tail(x: f32) -> f32 {
 pub(crate) mod simd {
     //! The vector algorithms the GEMM epilogue and the softmax use, generic over the vector width.
     //! Each is the same sequence of IEEE-exact lane operations at every width, so an AVX-512
-    //! caller gets the AVX2 answer bit for bit (`kernels/tests/math.rs` checks it on sweeps).
+    //! caller gets the AVX2 answer bit for bit (`kernels/tests/gemm.rs` checks every activation
+    //! through both epilogues on a dense sweep, `kernels/tests/attention.rs` the softmax).
     //! All functions are `unsafe`: the caller is a `#[target_feature]` function of `V`'s ISA.
     use super::*;
     use crate::lanes::Lanes;
