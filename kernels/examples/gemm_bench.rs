@@ -254,7 +254,8 @@ fn main() {
     // last touched a whole forward pass ago. Cycling through enough copies of the operands to
     // overflow the caches shows what that costs against the hot loop above.
     println!();
-    println!("2 threads, operands hot (one copy) vs cold (copies cycled, 256 MiB in all), bias+GELU / none:");
+    println!("2 threads, operands hot (one copy) vs cold (copies cycled, 256 MiB in all):");
+    let cold_what = std::env::var("COLD").unwrap_or_default();
     println!("{:>20} {:>10} {:>9} {:>9}", "m×k·k×n", "epilogue", "hot GF/s", "cold GF/s");
     for &(m, k, n) in shapes {
         let flops = 2.0 * (m * n * k) as f64;
@@ -270,7 +271,6 @@ fn main() {
             let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
             let mut cs: Vec<Vec<f32>> = (0..copies).map(|_| vec![0.0f32; m * n]).collect();
             let mut i = 0;
-            let cold_what = std::env::var("COLD").unwrap_or_default();
             let one = |which: usize, scratch: &mut [f32], cs: &mut [Vec<f32>]| {
                 let (wa, wb, wc) = match cold_what.as_str() {
                     "b" => (0, which, 0),
@@ -291,7 +291,6 @@ fn main() {
             };
             let mut hot = || one(0, &mut scratch, &mut cs);
             let th = best_of(min_time, &mut [&mut hot])[0];
-            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 2)];
             let mut cold = || {
                 i = (i + 1) % copies;
                 one(i, &mut scratch, &mut cs);

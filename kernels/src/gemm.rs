@@ -1061,16 +1061,16 @@ pub(crate) unsafe fn gemm_block(
     let alpha = d.epi.scale;
     // Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than 384 + 128).
     let kc_step = d.k.div_ceil(d.k.div_ceil(KC));
+    // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
+    // 144 + 144 + 12): no short block streams all of B for a few rows.
+    let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
+    let rows = (r1 - r0).max(1);
+    let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
     let mut kc0 = 0;
     while kc0 < d.k {
         let kc = kc_step.min(d.k - kc0);
         let beta = d.accumulate || kc0 > 0;
         let last = kc0 + kc == d.k;
-        // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
-        // 144 + 144 + 12): no short block streams all of B for a few rows.
-        let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
-        let rows = (r1 - r0).max(1);
-        let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
         let mut mc0 = r0;
         while mc0 < r1 {
             let mc = mc_step.min(r1 - mc0);

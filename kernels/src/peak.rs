@@ -5,72 +5,75 @@
 //! The loop uses the widest FMA the kernels run with ([`crate::detect_isa`]): `vfmadd231ps zmm`
 //! on the AVX-512 path, `ymm` on the AVX2 one (`KILN_NO_AVX512=1`). The two differ where the
 //! 512-bit FMA is native: an Intel Xeon with two 512-bit FMA units peaks at twice its ymm rate
-//! (measured on a 2-core Xeon VM: 93 GFLOP/s per thread with ymm, 186 with zmm, where the
+//! (measured on a 2-core Xeon VM: 92-95 GFLOP/s per thread with ymm, 171-175 with zmm, where the
 //! AVX-512 GEMM ran at 168, "180% of peak" against the ymm figure), while AMD Zen 4 splits a
 //! zmm FMA into two halves and peaks at the same rate with either width.
 
+#[cfg(target_arch = "x86_64")]
+use crate::lanes::Lanes;
 use std::hint::black_box;
 use std::time::Instant;
 
 /// Independent accumulator chains: FMA latency (4 cycles) × 2 pipes needs at least 8.
 const CHAINS: usize = 12;
 
-/// FLOPs per call of `fma_loop`: iters · CHAINS chains · 8 lanes · 2.
+/// `CHAINS` independent chains of `iters` FMAs each, summed at the end (so none is dead code).
+///
+/// # Safety
+/// `V`'s ISA is present (the caller is a `#[target_feature]` function of it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn chains<V: Lanes>(iters: u64, seed: f32) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (x, y) = (V::splat(0.999_999), V::splat(1e-7));
+        let mut a = [V::splat(seed); CHAINS];
+        for (i, v) in a.iter_mut().enumerate() {
+            *v = v.add(V::splat(i as f32));
+        }
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = v.fmadd(x, y);
+            }
+        }
+        a.into_iter().fold(V::splat(0.0), |s, v| s.add(v))
+    }
+}
+
+/// FLOPs per call: iters · CHAINS chains · 8 lanes · 2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn fma_loop(iters: u64, seed: f32) -> f32 {
     use std::arch::x86_64::*;
-    let x = _mm256_set1_ps(0.999_999);
-    let y = _mm256_set1_ps(1e-7);
-    let mut a = [_mm256_set1_ps(seed); CHAINS];
-    for (i, v) in a.iter_mut().enumerate() {
-        *v = _mm256_add_ps(*v, _mm256_set1_ps(i as f32));
-    }
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, x, y);
-        }
-    }
-    let mut s = _mm256_setzero_ps();
-    for v in a {
-        s = _mm256_add_ps(s, v);
-    }
+    // SAFETY: AVX2+FMA enabled on this function.
+    let s: __m256 = unsafe { chains(iters, seed) };
     let mut out = [0.0f32; 8];
     // SAFETY: out has 8 floats.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
     out.iter().sum()
 }
 
+/// Whether the kernels (and so the peak loop) run 512-bit FMAs on this machine.
+fn zmm() -> bool {
+    crate::detect_isa() == crate::Isa::Avx512
+}
+
 /// The register the peak loop uses on this machine: "zmm" (AVX-512 path) or "ymm".
 pub fn fma_register() -> &'static str {
-    if crate::detect_isa() == crate::Isa::Avx512 {
+    if zmm() {
         "zmm"
     } else {
         "ymm"
     }
 }
 
-/// FLOPs per call of `fma_loop_512`: iters · CHAINS chains · 16 lanes · 2.
+/// FLOPs per call: iters · CHAINS chains · 16 lanes · 2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn fma_loop_512(iters: u64, seed: f32) -> f32 {
     use std::arch::x86_64::*;
-    let x = _mm512_set1_ps(0.999_999);
-    let y = _mm512_set1_ps(1e-7);
-    let mut a = [_mm512_set1_ps(seed); CHAINS];
-    for (i, v) in a.iter_mut().enumerate() {
-        *v = _mm512_add_ps(*v, _mm512_set1_ps(i as f32));
-    }
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, x, y);
-        }
-    }
-    let mut s = _mm512_setzero_ps();
-    for v in a {
-        s = _mm512_add_ps(s, v);
-    }
-    _mm512_reduce_add_ps(s)
+    // SAFETY: AVX-512F enabled on this function.
+    _mm512_reduce_add_ps(unsafe { chains::<__m512>(iters, seed) })
 }
 
 /// Peak GFLOP/s of `threads` threads each running the register FMA loop for about `ms_per_run`
@@ -79,7 +82,7 @@ pub fn fma_peak_gflops(threads: usize, runs: usize, ms_per_run: f64) -> Option<f
     #[cfg(target_arch = "x86_64")]
     if crate::detect_isa().has_avx2() {
         let threads = threads.max(1);
-        let wide = crate::detect_isa() == crate::Isa::Avx512;
+        let wide = zmm();
         let lanes = if wide { 16 } else { 8 };
         // One iteration = 12 FMAs = 6 cycles on two FMA pipes: ~6e5 iterations per ms at 3.6 GHz.
         let iters = ((ms_per_run.max(0.1)) * 6e5) as u64;
