@@ -314,20 +314,47 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 // ---------------------------------------------------------------------------------------------
 // Architecture-specific pieces behind function pointers chosen once per call.
 
-/// `kernel(kc, a_strip, b_panel, b_next, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B
+/// `kernel(kc, a, a_ld, b_panel, b_next, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B
 /// (+ C if beta); `b_next` (a prefetch hint, never dereferenced) is where the next panel's same
-/// k block starts.
-type KernelFn =
-    unsafe fn(usize, *const f32, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
+/// k block starts. A is a packed strip when `a_ld` is [`PACKED`], else mr row-major rows at
+/// stride `a_ld` (the source itself, see [`gemm_block`]).
+type KernelFn = unsafe fn(
+    usize,
+    *const f32,
+    usize,
+    *const f32,
+    *const f32,
+    *mut f32,
+    usize,
+    f32,
+    bool,
+    usize,
+    usize,
+);
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
 type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilogue, Activation);
 
-/// `wide(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)`: a tile of up to 2·MR rows (two
-/// consecutive packed A strips) × 2·NR columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C).
-type WideFn =
-    unsafe fn(usize, *const f32, *const f32, usize, *mut f32, usize, f32, bool, usize, usize);
+/// `wide(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)`: a tile of up to 2·MR rows (two
+/// consecutive packed A strips, or mr row-major rows at stride `a_ld` as in [`KernelFn`]) × 2·NR
+/// columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C).
+type WideFn = unsafe fn(
+    usize,
+    *const f32,
+    usize,
+    *const f32,
+    usize,
+    *mut f32,
+    usize,
+    f32,
+    bool,
+    usize,
+    usize,
+);
+
+/// The `a_ld` of a tile kernel whose A is packed strips.
+const PACKED: usize = 0;
 
 #[derive(Clone, Copy)]
 pub(crate) struct Arch {
@@ -370,11 +397,13 @@ mod scalar {
     use super::*;
 
     /// # Safety
-    /// `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr rows of nr floats at stride ldc.
+    /// `a` holds kc·MR floats (`a_ld` = [`PACKED`]) or mr rows of kc floats at stride `a_ld`, `b`
+    /// kc·NR floats; `c` writable for mr rows of nr floats at stride ldc.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         kc: usize,
         a: *const f32,
+        a_ld: usize,
         b: *const f32,
         _b_next: *const f32,
         c: *mut f32,
@@ -386,16 +415,18 @@ mod scalar {
     ) {
         let mut acc = [[0.0f32; NR]; MR];
         for p in 0..kc {
-            // SAFETY: p < kc, inside the packed strip and panel.
-            let (ap, bp) = unsafe {
-                (
-                    std::slice::from_raw_parts(a.add(p * MR), MR),
-                    std::slice::from_raw_parts(b.add(p * NR), NR),
-                )
-            };
-            for i in 0..MR {
+            // SAFETY: p < kc, inside the panel.
+            let bp = unsafe { std::slice::from_raw_parts(b.add(p * NR), NR) };
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = match a_ld {
+                    // SAFETY: inside the packed strip (zero rows past mr).
+                    PACKED => unsafe { *a.add(p * MR + i) },
+                    // SAFETY: row i < mr, column p < kc of the source rows.
+                    ld if i < mr => unsafe { *a.add(i * ld + p) },
+                    _ => 0.0,
+                };
                 for j in 0..NR {
-                    acc[i][j] += ap[i] * bp[j];
+                    row[j] += ai * bp[j];
                 }
             }
         }
@@ -478,12 +509,14 @@ mod avx2 {
     /// 6 + 6 + 4) does only its rows' FMAs.
     ///
     /// # Safety
-    /// AVX2+FMA present; `a` holds kc·MR floats, `b` kc·NR floats; `c` writable for mr ≤ MR rows
-    /// of nr ≤ NR floats at stride ldc.
+    /// AVX2+FMA present; `a` holds kc·MR floats (`a_ld` = [`PACKED`]) or mr rows of kc floats at
+    /// stride `a_ld`, `b` kc·NR floats; `c` writable for mr ≤ MR rows of nr ≤ NR floats at stride
+    /// ldc.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         kc: usize,
         a: *const f32,
+        a_ld: usize,
         b: *const f32,
         b_next: *const f32,
         c: *mut f32,
@@ -493,28 +526,38 @@ mod avx2 {
         mr: usize,
         nr: usize,
     ) {
-        // SAFETY (each arm): forwarded; the instance reads rows < mr of the strip.
-        unsafe {
-            match mr {
-                1 => kernel_r::<1>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-                2 => kernel_r::<2>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-                3 => kernel_r::<3>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-                4 => kernel_r::<4>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-                5 => kernel_r::<5>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-                _ => kernel_r::<MR>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr),
-            }
+        macro_rules! rows {
+            ($direct:literal) => {
+                // SAFETY (each arm): forwarded; the instance reads rows < mr of A.
+                unsafe {
+                    match mr {
+                        1 => kernel_r::<1, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        2 => kernel_r::<2, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        3 => kernel_r::<3, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        4 => kernel_r::<4, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        5 => kernel_r::<5, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        _ => kernel_r::<MR, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                    }
+                }
+            };
+        }
+        if a_ld == PACKED {
+            rows!(false)
+        } else {
+            rows!(true)
         }
     }
 
-    /// R ≤ MR rows × 16 columns.
+    /// R ≤ MR rows × 16 columns; A packed, or (`DIRECT`) read from rows at stride `a_ld`.
     ///
     /// # Safety
-    /// See [`kernel`]; mr ≤ R.
+    /// See [`kernel`]; mr ≤ R, and mr == R when `DIRECT`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel_r<const R: usize>(
+    unsafe fn kernel_r<const R: usize, const DIRECT: bool>(
         kc: usize,
         a: *const f32,
+        a_ld: usize,
         b: *const f32,
         b_next: *const f32,
         c: *mut f32,
@@ -532,19 +575,20 @@ mod avx2 {
             // Hint only (prefetches never fault): the next panel's B, cold when m is small.
             _mm_prefetch::<_MM_HINT_T0>(pf.cast());
             pf = pf.wrapping_add(NR);
-            // SAFETY: kc steps of MR (a) and NR (b) floats stay inside the packed operands.
+            // SAFETY: kc steps of MR (a packed) or 1 (a direct) and NR (b) floats stay inside the
+            // operands.
             unsafe {
                 let mut bv = [_mm256_setzero_ps(); NV];
                 for (v, bvv) in bv.iter_mut().enumerate() {
                     *bvv = _mm256_loadu_ps(bp.add(v * 8));
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
-                    let av = _mm256_broadcast_ss(&*ap.add(i));
+                    let av = _mm256_broadcast_ss(&*ap.add(if DIRECT { i * a_ld } else { i }));
                     for v in 0..NV {
                         row[v] = _mm256_fmadd_ps(av, bv[v], row[v]);
                     }
                 }
-                ap = ap.add(MR);
+                ap = ap.add(if DIRECT { 1 } else { MR });
                 bp = bp.add(NR);
             }
         }
@@ -826,13 +870,14 @@ mod avx512 {
     /// Dispatches to the monomorphized tile for 1 or 2 strips × 1 or 2 panels.
     ///
     /// # Safety
-    /// AVX-512F present; `a` holds ceil(mr/MR) packed strips of kc·MR floats (consecutive), `b`
-    /// (and `b + b_stride` when nr > NR) kc·NR floats; `c` writable for mr ≤ 2·MR rows of
-    /// nr ≤ 2·NR floats at stride ldc.
+    /// AVX-512F present; `a` holds ceil(mr/MR) packed strips of kc·MR floats (consecutive; `a_ld`
+    /// = [`PACKED`]) or mr rows of kc floats at stride `a_ld`, `b` (and `b + b_stride` when
+    /// nr > NR) kc·NR floats; `c` writable for mr ≤ 2·MR rows of nr ≤ 2·NR floats at stride ldc.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn wide(
         kc: usize,
         a: *const f32,
+        a_ld: usize,
         b: *const f32,
         b_stride: usize,
         c: *mut f32,
@@ -845,24 +890,28 @@ mod avx512 {
         // One instance per row count: a partial tile (m not a multiple of 12, e.g. 16 = 12 + 4)
         // does only its valid rows' FMAs instead of a full strip's.
         macro_rules! rows {
-            ($($r:literal)*) => {
+            ($direct:literal; $($r:literal)*) => {
                 match (mr, nr > NR) {
                     $(
-                        // SAFETY: forwarded; the instance reads only rows < mr of the strips and
-                        // the panels that exist.
+                        // SAFETY: forwarded; the instance reads only rows < mr of A and the
+                        // panels that exist.
                         ($r, true) => unsafe {
-                            tile::<$r, 2, true>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                            tile::<$r, 2, true, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)
                         },
                         // SAFETY: as above.
                         ($r, false) => unsafe {
-                            tile::<$r, 1, false>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                            tile::<$r, 1, false, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)
                         },
                     )*
                     _ => {}
                 }
             };
         }
-        rows!(1 2 3 4 5 6 7 8 9 10 11 12);
+        if a_ld == PACKED {
+            rows!(false; 1 2 3 4 5 6 7 8 9 10 11 12);
+        } else {
+            rows!(true; 1 2 3 4 5 6 7 8 9 10 11 12);
+        }
     }
 
     /// Bias, activation and residual on one C tile, 16 lanes at a time. Per element these are
@@ -908,17 +957,18 @@ mod avx512 {
         }
     }
 
-    /// R ≤ 12 rows (rows < 6 from the first A strip, the rest from the second) × P panels of 16
-    /// columns, one zmm per (row, panel): per k, P loads of B, R broadcasts of A, R·P FMAs (24
-    /// accumulators at 12×2, 27 registers).
+    /// R ≤ 12 rows (rows < 6 from the first A strip, the rest from the second; with `DIRECT`
+    /// row i from `a + i·a_ld`) × P panels of 16 columns, one zmm per (row, panel): per k, P loads
+    /// of B, R broadcasts of A, R·P FMAs (24 accumulators at 12×2, 27 registers).
     ///
     /// # Safety
     /// See [`wide`].
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const P: usize, const PF: bool>(
+    unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: bool>(
         kc: usize,
         a: *const f32,
+        a_ld: usize,
         b: *const f32,
         b_stride: usize,
         c: *mut f32,
@@ -947,7 +997,9 @@ mod avx512 {
                     _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + p * NR).cast());
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
-                    let src = if i < MR {
+                    let src = if DIRECT {
+                        a.add(i * a_ld + p)
+                    } else if i < MR {
                         a.add(p * MR + i)
                     } else {
                         a1.add(p * MR + i - MR)
@@ -1066,6 +1118,12 @@ pub(crate) unsafe fn gemm_block(
     let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
     let rows = (r1 - r0).max(1);
     let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
+    // A is packed so that the tiles of many B panels reuse it from L1/L2 in the order they read
+    // it. When this block has at most two panels (attention's P·V with a head dim of 32, narrow
+    // classifier heads) each A element is read by one or two tiles, and packing it costs more
+    // than it saves: the tiles read A's rows in place (same FMAs in the same order, so the
+    // results are bitwise those of the packed path).
+    let direct = p1 - p0 <= 2 && d.lda != PACKED;
     let mut kc0 = 0;
     while kc0 < d.k {
         let kc = kc_step.min(d.k - kc0);
@@ -1074,8 +1132,17 @@ pub(crate) unsafe fn gemm_block(
         let mut mc0 = r0;
         while mc0 < r1 {
             let mc = mc_step.min(r1 - mc0);
-            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k; apack holds the block.
-            unsafe { (arch.pack_a)(d.a.add(mc0 * d.lda + kc0), d.lda, mc, kc, apack) };
+            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k.
+            let a_blk = unsafe { d.a.add(mc0 * d.lda + kc0) };
+            // How the tiles read A: row ir of the block is at a_base + ir·a_step.
+            let (a_ld, a_base, a_step) = if direct {
+                (d.lda, a_blk, d.lda)
+            } else {
+                // SAFETY: apack holds the packed block.
+                unsafe { (arch.pack_a)(a_blk, d.lda, mc, kc, apack) };
+                (PACKED, apack.cast_const(), kc)
+            };
+            let strip = |ir: usize| a_base.wrapping_add(ir * a_step);
             if let Some(wide) = arch.wide {
                 // Tiles of two strips × two panels (the last ones narrower).
                 let mut p = p0;
@@ -1088,12 +1155,11 @@ pub(crate) unsafe fn gemm_block(
                     let mut ir = 0;
                     while ir < mc {
                         let mr = (2 * MR).min(mc - ir);
-                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; the
-                        // strips at ir·kc (and the next one when mr > MR) are in the packed block.
+                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's
+                        // rows ir..ir+mr of the block (packed: the strips at ir·kc).
                         unsafe {
                             let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                            let ap = apack.add(ir * kc);
-                            wide(kc, ap, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr);
+                            wide(kc, strip(ir), a_ld, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr);
                             if last && post {
                                 (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                             }
@@ -1113,12 +1179,12 @@ pub(crate) unsafe fn gemm_block(
                 let mut ir = 0;
                 while ir < mc {
                     let mr = MR.min(mc - ir);
-                    // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; the strip
-                    // at ir·kc is inside the packed block.
+                    // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's rows
+                    // ir..ir+mr of the block (packed: the strip at ir·kc).
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
                         let bn = bp.wrapping_add(d.k * NR);
-                        (arch.kernel)(kc, apack.add(ir * kc), bp, bn, cp, d.ldc, alpha, beta, mr, nr);
+                        (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr);
                         if last && post {
                             (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                         }

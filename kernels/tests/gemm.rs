@@ -245,6 +245,51 @@ fn avx512_tile_is_bitwise_equal_to_avx2() {
 }
 
 #[test]
+fn reading_a_in_place_is_bitwise_equal_to_packing_it() {
+    // A GEMM block with at most two B panels (n <= 32 on one thread) reads A's rows in place
+    // instead of packing them; the same columns of a wider GEMM (packed A) must match bit for bit,
+    // for every row count of the tiles, k blocks (k > KC) and padded strides.
+    let mut rng = Rng::new(11);
+    for isa in isas() {
+        for (i, &n) in [1usize, 7, 16, 17, 31, 32].iter().enumerate() {
+            for &m in &[1usize, 5, 6, 7, 11, 12, 13, 25, 96, MC + 7] {
+                let k = [3usize, 32, 129, KC + 50][(i + m) % 4];
+                let wide = n + 2 * NR + 5;
+                let lda = k + 3;
+                let a = rng.vec(m * lda);
+                let b_wide = rng.vec(k * wide);
+                let b: Vec<f32> = (0..k).flat_map(|p| b_wide[p * wide..p * wide + n].to_vec()).collect();
+                let bias = rng.vec(wide);
+                let run = |b: &[f32], cols: usize| {
+                    let epi = EpilogueRef {
+                        bias: Some(&bias[..cols]),
+                        residual: None,
+                        activation: Activation::GeluErf,
+                        scale: 0.75,
+                    };
+                    let pb = pack_b(b, k, cols, cols, false).unwrap();
+                    let mut c = vec![0.0f32; m * cols];
+                    let mut scratch = vec![0.0f32; gemm_scratch_len(m, cols, k, 1)];
+                    gemm_prepacked(m, k, cols, &a, lda, pb.as_slice(), &mut c, cols, false, &epi, &mut scratch, None, isa)
+                        .unwrap();
+                    c
+                };
+                let (direct, packed) = (run(&b, n), run(&b_wide, wide));
+                for r in 0..m {
+                    for j in 0..n {
+                        assert_eq!(
+                            direct[r * n + j].to_bits(),
+                            packed[r * wide + j].to_bits(),
+                            "{isa:?} {m}x{n}x{k}: element ({r}, {j}) differs between A in place and A packed"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn avx512_epilogue_is_bitwise_equal_to_avx2_for_every_activation() {
     // C = A·B with k = 1 and B entries ±1 (exact), so the epilogue sees a dense sweep of f32
     // values (subnormals to 1e30, ±0, ±inf, NaN) at every lane position of full and masked
