@@ -4,7 +4,7 @@
 //! The activations are written once, generic over `Lanes` (`math::simd`), and instantiated at both
 //! widths, so the AVX-512 GEMM epilogue does per element exactly the operations of the AVX2 one:
 //! every operation here is an IEEE-exact lane-wise instruction (add, mul, div, fma, min, max,
-//! compares, bit operations), so the two widths give bit-identical results by construction.
+//! compares, bit operations, table lookups by permutes), so the two widths give bit-identical results by construction.
 //! Estimates such as `rcp14` that differ between the ISAs (and between vendors) are left out on
 //! purpose. (A portable-SIMD crate would give the same abstraction; std::simd is unstable and the
 //! stable ones do not expose `vfmadd`/masked-compare semantics at both widths without dispatch of
@@ -62,6 +62,9 @@ pub(crate) unsafe trait Lanes: Copy {
     unsafe fn all(m: Self::Mask) -> bool;
     /// The bits of each lane shifted left by 23 (an integer `n + 127` in the low bits becomes 2ⁿ).
     unsafe fn shl23(self) -> Self;
+    /// `table[bits & 15]` per lane, `bits` the lane's bit pattern in `idx` (a table lookup by
+    /// permutes: one `vpermps` at 16 lanes, two and a blend at 8).
+    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -159,6 +162,16 @@ unsafe impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn shl23(self) -> Self {
         unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(self))) }
+    }
+    #[inline(always)]
+    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
+        unsafe {
+            let i = _mm256_castps_si256(idx);
+            // vpermps reads the low 3 bits; bit 3 picks the half (moved to the sign for blendv).
+            let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), i);
+            let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr().add(8)), i);
+            _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(i)))
+        }
     }
 }
 
@@ -265,5 +278,10 @@ unsafe impl Lanes for __m512 {
     #[inline(always)]
     unsafe fn shl23(self) -> Self {
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(self))) }
+    }
+    #[inline(always)]
+    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
+        // vpermps zmm reads the low 4 bits of each index.
+        unsafe { _mm512_permutexvar_ps(_mm512_castps_si512(idx), _mm512_loadu_ps(table.as_ptr())) }
     }
 }

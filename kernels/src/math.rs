@@ -15,9 +15,11 @@
 //!   `±(1 - 2/(exp(2|x|) + 1))`, with |x| clamped to 9 (tanh(9) rounds to 1).
 //! - `sigmoid(x) = 1/(1+exp(-x))`, `silu(x) = x·sigmoid(x)`, `gelu_erf(x) = x/2·(1+erf(x/√2))`,
 //!   `gelu_tanh(x) = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`. The GELUs avoid the cancellation of
-//!   `1 + erf` / `1 + tanh` for negative x and need one branch only: `gelu_erf(x) = x/2·erfc(-x/√2)`
-//!   with `erfc(a) = exp(-a²)·R₀(1/(1 + a/2))` on [0, 10] (R₀ of degree 9, relative error 3.3e-8)
-//!   and `2 - erfc(a)` for the other sign; `gelu_tanh(x) = x/(1 + exp(-2u))`.
+//!   `1 + erf` / `1 + tanh` for negative x and need one branch only: `gelu_erf(x) = x·q(|x|)`
+//!   (x ≤ 0) or `x - x·q(|x|)` (x > 0) with `q(t) = Φ(-t)` a piecewise polynomial (16 intervals
+//!   of [0, 6], degree 7, coefficients looked up by permutes: no division and no exp, about 30
+//!   vector operations, half of the erfc form it replaced; fitted by `scripts/fit_gelu.py`), and
+//!   q = 0 past 6, where Φ(-6) = 1e-9; `gelu_tanh(x) = x/(1 + exp(-2u))`.
 //!
 //! Maximum errors against f64, measured by `tests/math.rs` (every 257th f32 bit pattern of the range,
 //! both signs; the test asserts slightly looser bounds). Relative error is taken where the f64 value is
@@ -30,7 +32,7 @@
 //! | tanh | [-12, 12] | 8.8e-8 | 6.1e-8 |
 //! | sigmoid | [-87, 87] | 1.4e-7 | 8.9e-8 |
 //! | silu | [-87, 87] | 1.6e-7 | 1.3e-6 (at x≈14) |
-//! | gelu_erf | [-10, 10] | 4.7e-7 | 3.8e-7 (at x≈4.9) |
+//! | gelu_erf | [-6, 10] / below -6 | 3.9e-7 / – (-0) | 2.4e-7 (at x≈4.1) / 5.9e-9 |
 //! | gelu_tanh | [-3, 10] / [-10, 10] | 8.4e-7 / 1.2e-5 (tail cond. ≈ 2u) | 5.2e-7 (at x≈4.7) |
 //!
 //! NaN inputs give NaN outputs. SiLU and both GELUs follow their defining f32 formulas in the
@@ -140,7 +142,7 @@ pub mod coeffs {
         5.0074505e-03,
         -6.069479e-04,
     ];
-    /// erfc(a) = exp(-a²)·Σ `ERFC_T[i]`·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ ERFC_MAX (relative error
+    /// erfc(a) = exp(-a²)·Σ `ERFC_T[i]`·tⁱ with t = 1/(1 + a/2), on 0.9 ≤ a ≤ 10 (relative error
     /// 8.7e-9 with these f32 values).
     pub const ERFC_T: [f32; 9] = [
         -5.6448744e-06,
@@ -153,22 +155,23 @@ pub mod coeffs {
         -1.6410781e-01,
         7.4204974e-02,
     ];
-    /// erfc(a) = exp(-a²)·Σ `ERFC_T0[i]`·tⁱ, t = 1/(1 + a/2), on the whole 0 ≤ a ≤ ERFC_MAX (relative
-    /// error 3.3e-8): GELU's single-branch form.
-    pub const ERFC_T0: [f32; 10] = [
-        -6.0047737e-06,
-        2.8222123e-01,
-        2.8109986e-01,
-        2.4978597e-01,
-        1.8127404e-01,
-        1.7028615e-02,
-        2.2125417e-01,
-        -4.4152766e-01,
-        2.6392525e-01,
-        -5.5055503e-02,
+    /// GELU (erf form) as `x·q(|x|)` / `x - x·q(|x|)` with `q(t) = Φ(-t)` tabulated: `u = t·GELU_K`
+    /// rounds to the interval j in 0..16 (`u < GELU_U_END`; past it q = 0), `s = t·GELU_K - j`
+    /// in [-0.5, 0.5] and `q ≈ Σ GELU_Q[k][j]·s^k`. Fitted and checked by `scripts/fit_gelu.py`
+    /// (relative error of the f32 evaluation: x > 0  9.67e-08 at 0.2442; -4 < x <= 0  2.45e-07 at -3.2753; -6.0 < x <= -4  4.27e-07 at -5.9879).
+    pub const GELU_K: f32 = 2.5833333e00;
+    pub const GELU_Q: [[f32; 16]; 8] = [
+        [5.0e-01, 3.493423e-01, 2.1940817e-01, 1.2276192e-01, 6.076456e-02, 2.646547e-02, 1.0100844e-02, 3.3674329e-03, 9.781938e-04, 2.4710875e-04, 5.4202043e-05, 1.0310217e-05, 1.6990531e-06, 2.4236786e-07, 2.9907216e-08, 3.1905314e-09],
+        [-1.5442927e-01, -1.4328194e-01, -1.1443974e-01, -7.86839e-02, -4.6571318e-02, -2.3728745e-02, -1.0407697e-02, -3.9296886e-03, -1.2772774e-03, -3.5738465e-04, -8.608158e-05, -1.7848764e-05, -3.1858822e-06, -4.8952506e-07, -6.475061e-08, -7.3728685e-09],
+        [1.1807887e-10, 1.0734963e-02, 1.7148098e-02, 1.7685456e-02, 1.3956858e-02, 8.889021e-03, 4.67859e-03, 2.0609396e-03, 7.655689e-04, 2.4098362e-04, 6.449401e-05, 1.47099145e-05, 2.8643137e-06, 4.7679143e-07, 6.7917675e-08, 8.285903e-09],
+        [3.8567137e-03, 3.042131e-03, 1.1449906e-03, -6.850073e-04, -1.625395e-03, -1.6273411e-03, -1.142195e-03, -6.2243856e-04, -2.7401038e-04, -9.940452e-05, -3.0063633e-05, -7.636253e-06, -1.6372207e-06, -2.9736083e-07, -4.5874195e-08, -6.023468e-09],
+        [7.1863018e-09, -3.8204365e-04, -5.1403046e-04, -3.6469332e-04, -1.0500978e-04, 8.280954e-05, 1.3988295e-04, 1.1175196e-04, 6.2999614e-05, 2.7496186e-05, 9.6513795e-06, 2.7791752e-06, 6.643753e-07, 1.3287885e-07, 2.2355751e-08, 3.1763026e-09],
+        [-8.671418e-05, -5.6922174e-05, 5.077274e-06, 4.8182894e-05, 4.911631e-05, 2.4165362e-05, 5.202768e-07, -9.451187e-06, -8.943904e-06, -5.1815964e-06, -2.2168506e-06, -7.447695e-07, -2.0225728e-07, -4.5134435e-08, -8.362565e-09, -1.2955929e-09],
+        [5.9079994e-08, 8.975066e-06, 9.94643e-06, 3.677169e-06, -2.763361e-06, -4.638546e-06, -2.869743e-06, -5.919253e-07, 5.1930965e-07, 6.126808e-07, 3.61362e-07, 1.5001963e-07, 4.7860325e-08, 1.21862245e-08, 2.5276694e-09, 4.325161e-10],
+        [1.4922074e-06, 8.076947e-07, -5.20869e-07, -1.0859894e-06, -6.249668e-07, 7.241652e-08, 3.5680426e-07, 2.5148802e-07, 6.694904e-08, -2.6347976e-08, -3.722315e-08, -2.1397614e-08, -8.343357e-09, -2.4591684e-09, -5.7269534e-10, -1.0786635e-10],
     ];
-    /// Upper end of the erfc fit: erfc(10) = 2e-45, at the bottom of the subnormals.
-    pub const ERFC_MAX: f32 = 10.0;
+    /// `u` at the end of the last interval: |x| ≥ 6 (Φ(-6) = 9.9e-10).
+    pub const GELU_U_END: f32 = 15.5;
 
     pub const TANH_CLAMP: f32 = 9.0;
     /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
@@ -291,29 +294,24 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// x/2·(1 + erf(x/√2)) (scalar path), computed as `x/2·erfc(-x/√2)` in one branch:
-/// `erfc(z) = exp(-z²)·R(1/(1+|z|/2))` for z ≥ 0 and `2 - erfc(|z|)` for z < 0, which keeps relative
-/// accuracy for negative x (no `1 + erf` cancellation). `exp(-x²/2)` is taken from the exact
-/// `x²/2 = hi + lo`, since rounding x/√2 or its square would cost relative accuracy ~x²·2⁻²⁴.
+/// x·Φ(x) (scalar path), with `q(t) = Φ(-t)` from the piecewise polynomial `GELU_Q` (see
+/// `coeffs`): `x·q(|x|)` for x ≤ 0 and `x - x·q(|x|)` for x > 0, so negative x keeps its relative
+/// accuracy (no `1 + erf` cancellation). The operations, FMAs included (`mul_add` rounds once),
+/// are those of `simd::gelu_erf`: the scalar and vector paths agree bit for bit.
 #[inline]
 pub fn gelu_erf(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x.abs() > TAIL {
-        return tail(x);
-    }
-    let a = (x * FRAC_1_SQRT_2).abs();
-    let erfc_a = if a < ERFC_MAX {
-        let h = 0.5 * (x as f64) * (x as f64);
-        let (hi, lo) = (h as f32, (h - (h as f32) as f64) as f32);
-        exp(-hi) * (1.0 - lo) * horner(1.0 / (1.0 + 0.5 * a), &ERFC_T0)
+    let t = x.abs();
+    let u = t * GELU_K;
+    let r = u + ROUND_MAGIC;
+    let s = (u - (r - ROUND_MAGIC)) + t.mul_add(GELU_K, -u);
+    let j = (r.to_bits() & 15) as usize;
+    let q = GELU_Q.iter().rev().skip(1).fold(GELU_Q[GELU_Q.len() - 1][j], |q, c| q.mul_add(s, c[j]));
+    let q = if u < GELU_U_END { q } else { 0.0 };
+    if x > 0.0 {
+        (-x.min(f32::MAX)).mul_add(q, x)
     } else {
-        0.0
-    };
-    // z = -x/√2: erfc(z) = erfc(a) when x <= 0, 2 - erfc(a) when x > 0.
-    let two_phi = if x <= 0.0 { erfc_a } else { 2.0 - erfc_a };
-    0.5 * x * two_phi
+        x * q
+    }
 }
 
 /// x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) (scalar path), computed as `x / (1 + exp(-2u))`
@@ -472,25 +470,27 @@ pub(crate) mod simd {
         }
     }
 
-    /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
+    /// See the scalar `gelu_erf`: the same operations, lane-wise.
     #[inline(always)]
     pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
         unsafe {
-            let one = V::splat(1.0);
-            let half = V::splat(0.5);
-            // min(10, |u|) with the NaN operand second: NaN propagates.
-            let a = V::splat(ERFC_MAX).min(x.mul(V::splat(FRAC_1_SQRT_2)).abs());
-            let x2 = x.mul(x);
-            let x2lo = x.fmsub(x, x2);
-            let hi = x2.mul(half);
-            let lo = x2lo.mul(half);
-            let v = one.div(a.fmadd(half, one));
-            // exp_lean clamps -hi at -87.3: beyond, erfc(a)·x is below 1e-37 anyway.
-            let e = exp_lean(V::splat(0.0).sub(hi)).mul(one.sub(lo));
-            let erfc_a = e.mul(horner(v, &ERFC_T0));
+            let t = x.abs();
+            let k = V::splat(GELU_K);
+            let u = t.mul(k);
+            // The low mantissa bits of r hold j = round(u): the interval, and the table index.
+            let magic = V::splat(ROUND_MAGIC);
+            let r = u.add(magic);
+            let s = u.sub(r.sub(magic)).add(t.fmsub(k, u));
+            let mut q = V::lookup16(r, &GELU_Q[GELU_Q.len() - 1]);
+            for c in GELU_Q.iter().rev().skip(1) {
+                q = q.fmadd(s, V::lookup16(r, c));
+            }
+            // Past the table (and for NaN or inf): q = 0.
+            let q = q.zero_unless(u.lt(V::splat(GELU_U_END)));
+            // x - x·q for x > 0 (min: +inf·0 would be NaN), x·q otherwise (NaN stays NaN, -inf·0
+            // is NaN, a large negative x gives -0).
             let pos = x.gt(V::splat(0.0));
-            let two_phi = V::select(pos, V::splat(2.0).sub(erfc_a), erfc_a);
-            tails(x, x.mul(half).mul(two_phi))
+            V::select(pos, x.min(V::splat(f32::MAX)).fnmadd(q, x), x.mul(q))
         }
     }
 
