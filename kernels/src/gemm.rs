@@ -8,7 +8,9 @@
 //! - Blocking (Goto/BLIS order): k in equal blocks of at most [`KC`], m in equal blocks of at most [`MC`]
 //!   rows (whole tiles); for each (k, m) block
 //!   the A block is packed into caller scratch as MR-row strips (k-major, zero-padded), then for each
-//!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2).
+//!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2). A block
+//!   with at most two B panels (n ≤ 32 on a thread: attention's P·V) is not packed: its tiles read
+//!   A's rows in place, since each A element is used by one tile only.
 //! - Microkernel: [`MR`]×[`NR`] = 6×16 register tile, 12 ymm accumulators, `vfmadd231ps` with a
 //!   broadcast A element and two B vectors per k: per k step 8 loads and 12 FMAs, no spills (15 of 16
 //!   ymm registers). Chosen by measurement over 4×24: that tile needs all 16 registers, and LLVM
