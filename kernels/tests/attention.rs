@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use kiln_kernels::attention::{
     attention_batched, attention_batched_scratch_len, attention_f32, attention_scratch_len,
-    AttnDims, AttnStrides, HeadsMut, HeadsRef, ROW_BLOCK,
+    AttnDims, AttnStrides, HeadsMut, HeadsRef, KEY_BLOCK, ROW_BLOCK, TWO_PASS_MAX_KEYS,
 };
 use kiln_kernels::threadpool::ThreadPool;
 use kiln_kernels::{Isa, KernelError};
@@ -70,6 +70,9 @@ enum MaskKind {
     Keys,
     /// A full seq_q × seq_k mask (causal-like with -inf), rows at a padded stride.
     Full,
+    /// A full mask that opens only the last keys (row i: the last 1 + 7·i), so a row's first key
+    /// blocks are all masked and its max arrives late.
+    Late,
 }
 
 /// Runs one head against the reference and gives the output (rows at stride `dv + 5`).
@@ -98,6 +101,15 @@ fn run_case(sq: usize, sk: usize, d: usize, dv: usize, kind: MaskKind, isa: Isa,
                 })
                 .collect();
             (Some(m), 0)
+        }
+        MaskKind::Late => {
+            let mut m = vec![f32::NEG_INFINITY; sq * ldm];
+            for i in 0..sq {
+                for j in sk.saturating_sub(1 + 7 * i)..sk {
+                    m[i * ldm + j] = r.f32();
+                }
+            }
+            (Some(m), ldm)
         }
         MaskKind::Full => {
             let mut m = vec![0.0f32; sq * ldm];
@@ -140,7 +152,7 @@ fn run_case(sq: usize, sk: usize, d: usize, dv: usize, kind: MaskKind, isa: Isa,
     let mf = |i: usize, j: usize| -> f32 {
         match (&mask, kind) {
             (Some(m), MaskKind::Keys) => m[j],
-            (Some(m), MaskKind::Full) => m[i * ldm + j],
+            (Some(m), MaskKind::Full | MaskKind::Late) => m[i * ldm + j],
             _ => 0.0,
         }
     };
@@ -204,6 +216,53 @@ fn odd_sizes_and_masks() {
                         run_case(sq, sk, d, dv, kind, isa, seed);
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn long_sequences_run_in_key_blocks() {
+    // Past TWO_PASS_MAX_KEYS keys the online softmax over key blocks: against the f64 reference
+    // with every mask kind (a causal mask leaves whole key blocks masked; `Late` opens only the
+    // last keys, so the running max arrives in the last block; a fully masked row), key counts
+    // that are not a multiple of the block or the panel, query counts around the row block.
+    let mut seed = 3000;
+    for isa in isas() {
+        for &(sq, sk) in &[(3, TWO_PASS_MAX_KEYS + 1), (ROW_BLOCK + 5, TWO_PASS_MAX_KEYS + 2 * KEY_BLOCK + 17), (20, 3 * KEY_BLOCK + 500)] {
+            for kind in [MaskKind::None, MaskKind::Keys, MaskKind::Full, MaskKind::Late] {
+                seed += 1;
+                let (d, dv) = if seed % 2 == 0 { (32, 32) } else { (7, 17) };
+                run_case(sq, sk, d, dv, kind, isa, seed);
+            }
+        }
+    }
+}
+
+#[test]
+fn long_sequences_skip_padded_keys_and_keep_nan_rows() {
+    // Padded keys are skipped in the key-blocked path too (kept keys past TWO_PASS_MAX_KEYS),
+    // within 1e-6 of the same mask per query row (never skipped); a NaN score makes its rows NaN
+    // as in the two-pass softmax, also from a padded key's K row (keep 1000: the skip must be
+    // refused for it, the scores being small enough to allow it otherwise).
+    let (d, sk) = (32, TWO_PASS_MAX_KEYS + KEY_BLOCK + 100);
+    for isa in isas() {
+        for (sq, keep) in [(9, TWO_PASS_MAX_KEYS + 300), (40, 1000)] {
+            let mut r = Rng::new(sq as u64 + keep as u64);
+            let (q, mut k, v) = (r.vec(sq * d), r.vec(sk * d), r.vec(sk * d));
+            let mask: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { -10000.0 }).collect();
+            let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
+            let skipped = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
+            let full = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
+            let worst = skipped.iter().zip(&full).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0f32, f32::max);
+            assert!(worst <= 1e-6, "{isa:?} {sq}x{sk} keep {keep}: {worst:e}");
+            let want = reference(&q, d, &k, d, &v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
+            assert_close(&skipped, d, &want, dims, "long, padded keys");
+            // A NaN in an open key of the third block: every row's scores hold a NaN.
+            k[(2 * KEY_BLOCK + 5) * d] = f32::NAN;
+            for per_row in [false, true] {
+                let out = head_with_mask(&q, &k, &v, &mask, dims, d, per_row, isa);
+                assert!(out.iter().all(|x| x.is_nan()), "{isa:?} {sq}x{sk}: a NaN score must make its rows NaN");
             }
         }
     }
