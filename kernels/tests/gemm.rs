@@ -246,15 +246,16 @@ fn avx512_tile_is_bitwise_equal_to_avx2() {
 
 #[test]
 fn reading_a_in_place_is_bitwise_equal_to_packing_it() {
-    // A GEMM block with at most two B panels (n <= 32 on one thread) reads A's rows in place
-    // instead of packing them; the same columns of a wider GEMM (packed A) must match bit for bit,
-    // for every row count of the tiles, k blocks (k > KC) and padded strides.
+    // A GEMM block with at most two B panels (n <= 32 on one thread), or with k <= 64 and few
+    // panels (n = 100, 128), reads A's rows in place instead of packing them; the same columns of
+    // a GEMM wide enough to pack A must match bit for bit, for every row count of the tiles, k
+    // blocks (k > KC) and padded strides.
     let mut rng = Rng::new(11);
     for isa in isas() {
-        for (i, &n) in [1usize, 7, 16, 17, 31, 32].iter().enumerate() {
+        for (i, &n) in [1usize, 7, 16, 17, 31, 32, 100, 128].iter().enumerate() {
             for &m in &[1usize, 5, 6, 7, 11, 12, 13, 25, 96, MC + 7] {
                 let k = [3usize, 32, 129, KC + 50][(i + m) % 4];
-                let wide = n + 2 * NR + 5;
+                let wide = n + 40 * NR + 5;
                 let lda = k + 3;
                 let a = rng.vec(m * lda);
                 let b_wide = rng.vec(k * wide);
