@@ -97,6 +97,45 @@ pub(crate) struct HeadDesc {
     pub zero_nan_rows: bool,
 }
 
+impl HeadDesc {
+    /// The GEMM of `S = scale·Q·Kᵀ` for query rows `r0..r0 + rb` against `keys` packed keys,
+    /// score column j written at `c + j` of each row (row stride `ldc`).
+    fn scores(&self, r0: usize, rb: usize, keys: usize, kpack: *const f32, c: *mut f32, ldc: usize) -> GemmDesc {
+        GemmDesc {
+            m: rb,
+            n: keys,
+            k: self.dims.head_dim,
+            a: self.q.wrapping_add(r0 * self.strides.q),
+            lda: self.strides.q,
+            b: kpack,
+            c,
+            ldc,
+            accumulate: false,
+            epi: Epilogue { scale: self.scale, ..Epilogue::NONE },
+            act: Activation::None,
+        }
+    }
+
+    /// The GEMM of `O = P·V` for `rb` rows of probabilities over `keys` keys (row stride `ldp`)
+    /// against those keys' packed V, into `c` at row stride `ldc`.
+    #[allow(clippy::too_many_arguments)]
+    fn values(&self, rb: usize, keys: usize, p: *const f32, ldp: usize, vpack: *const f32, c: *mut f32, ldc: usize) -> GemmDesc {
+        GemmDesc {
+            m: rb,
+            n: self.dims.head_dim_v,
+            k: keys,
+            a: p,
+            lda: ldp,
+            b: vpack,
+            c,
+            ldc,
+            accumulate: false,
+            epi: Epilogue::NONE,
+            act: Activation::None,
+        }
+    }
+}
+
 /// [`AttentionArgs::flags`] bit: a row whose probabilities are NaN uses probabilities 0.
 pub const ATTN_ZERO_NAN_ROWS: u32 = 1;
 
@@ -250,22 +289,7 @@ unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, 
                 r0 += rb;
                 continue;
             }
-            let sd = GemmDesc {
-                m: rb,
-                n: sk,
-                k: d,
-                a: h.q.add(r0 * h.strides.q),
-                lda: h.strides.q,
-                b: kpack,
-                c: s,
-                ldc: sk,
-                accumulate: false,
-                epi: Epilogue {
-                    scale: h.scale,
-                    ..Epilogue::NONE
-                },
-                act: Activation::None,
-            };
+            let sd = h.scores(r0, rb, sk, kpack, s, sk);
             gemm_block(&sd, 0, rb, 0, sk.div_ceil(NR), apack, arch);
             for i in 0..rb {
                 let mrow = if h.mask.is_null() {
@@ -289,19 +313,7 @@ unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, 
                     *inv.add(i) = 1.0;
                 }
             }
-            let od = GemmDesc {
-                m: rb,
-                n: dv,
-                k: sk,
-                a: s,
-                lda: sk,
-                b: vpack,
-                c: h.out.add(r0 * h.strides.out),
-                ldc: h.strides.out,
-                accumulate: false,
-                epi: Epilogue::NONE,
-                act: Activation::None,
-            };
+            let od = h.values(rb, sk, s, sk, vpack, h.out.add(r0 * h.strides.out), h.strides.out);
             gemm_block(&od, 0, rb, 0, dv.div_ceil(NR), apack, arch);
             for i in 0..rb {
                 scale_raw(h.out.add((r0 + i) * h.strides.out), dv, *inv.add(i), isa);
@@ -366,19 +378,7 @@ unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, sc
             while k0 < sk {
                 let n = kb.min(sk - k0);
                 // Scores of keys k0..k0+n: panels k0/NR.., written at s (C column j at s + j - k0).
-                let sd = GemmDesc {
-                    m: rb,
-                    n: sk,
-                    k: d,
-                    a: h.q.add(r0 * h.strides.q),
-                    lda: h.strides.q,
-                    b: kpack,
-                    c: s.wrapping_sub(k0),
-                    ldc: kb,
-                    accumulate: false,
-                    epi: Epilogue { scale: h.scale, ..Epilogue::NONE },
-                    act: Activation::None,
-                };
+                let sd = h.scores(r0, rb, sk, kpack, s.wrapping_sub(k0), kb);
                 gemm_block(&sd, 0, rb, k0 / NR, (k0 + n).div_ceil(NR), apack, arch);
                 for i in 0..rb {
                     let mrow = if h.mask.is_null() {
@@ -400,19 +400,7 @@ unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, sc
                     *run_sum.add(i) = *run_sum.add(i) * a + l_blk * b;
                     *run_max.add(i) = m_new;
                 }
-                let od = GemmDesc {
-                    m: rb,
-                    n: dv,
-                    k: n,
-                    a: s,
-                    lda: kb,
-                    b: vpack.add(k0 * dvp),
-                    c: t,
-                    ldc: dvp,
-                    accumulate: false,
-                    epi: Epilogue::NONE,
-                    act: Activation::None,
-                };
+                let od = h.values(rb, n, s, kb, vpack.add(k0 * dvp), t, dvp);
                 gemm_block(&od, 0, rb, 0, dv.div_ceil(NR), apack, arch);
                 for i in 0..rb {
                     let o = std::slice::from_raw_parts_mut(h.out.add((r0 + i) * h.strides.out), dv);
