@@ -342,8 +342,8 @@ unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, sc
         return Outcome::Done;
     }
     let rb_max = ROW_BLOCK.min(sq);
-    // Equal key blocks in whole panels (1000 keys: 2 × 512 rather than 512 + 488 is the same;
-    // 600: 2 × 304 rather than 512 + 88).
+    // Key blocks of equal size in whole panels (2600 keys: 5 × 448 + 360 rather than
+    // 5 × 512 + 40, whose last block would be all overhead).
     let kb = sk.div_ceil(sk.div_ceil(KEY_BLOCK)).next_multiple_of(NR).min(KEY_BLOCK);
     let dvp = dv.next_multiple_of(NR);
     let kpack = align64(scratch);
