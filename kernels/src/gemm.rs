@@ -326,19 +326,8 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 /// (+ C if beta); `b_next` (a prefetch hint, never dereferenced) is where the next panel's same
 /// k block starts. A is a packed strip when `a_ld` is [`PACKED`], else mr row-major rows at
 /// stride `a_ld` (the source itself, see [`gemm_block`]).
-type KernelFn = unsafe fn(
-    usize,
-    *const f32,
-    usize,
-    *const f32,
-    *const f32,
-    *mut f32,
-    usize,
-    f32,
-    bool,
-    usize,
-    usize,
-);
+type KernelFn =
+    unsafe fn(usize, *const f32, usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
@@ -347,19 +336,8 @@ type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilog
 /// `wide(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)`: a tile of up to 2·MR rows (two
 /// consecutive packed A strips, or mr row-major rows at stride `a_ld` as in [`KernelFn`]) × 2·NR
 /// columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C).
-type WideFn = unsafe fn(
-    usize,
-    *const f32,
-    usize,
-    *const f32,
-    usize,
-    *mut f32,
-    usize,
-    f32,
-    bool,
-    usize,
-    usize,
-);
+type WideFn =
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, f32, bool, usize, usize);
 
 /// The `a_ld` of a tile kernel whose A is packed strips.
 const PACKED: usize = 0;

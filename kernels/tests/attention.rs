@@ -252,12 +252,7 @@ fn long_sequences_skip_padded_keys_and_keep_nan_rows() {
             let (q, mut k, v) = (r.vec(sq * d), r.vec(sk * d), r.vec(sk * d));
             let mask: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { -10000.0 }).collect();
             let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
-            let skipped = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
-            let full = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
-            let worst = skipped.iter().zip(&full).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0f32, f32::max);
-            assert!(worst <= 1e-6, "{isa:?} {sq}x{sk} keep {keep}: {worst:e}");
-            let want = reference(&q, d, &k, d, &v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
-            assert_close(&skipped, d, &want, dims, "long, padded keys");
+            check_padded(&q, &k, &v, &mask, dims, d, isa, &format!("long, {sq}x{sk} keep {keep}"));
             // A NaN in an open key of the third block: every row's scores hold a NaN.
             k[(2 * KEY_BLOCK + 5) * d] = f32::NAN;
             for per_row in [false, true] {
@@ -526,6 +521,18 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// A broadcast key mask (padded keys may be skipped) against the same mask per query row (never
+/// skipped): within 1e-6 of each other, and close to the f64 reference.
+#[allow(clippy::too_many_arguments)]
+fn check_padded(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], dims: AttnDims, d: usize, isa: Isa, what: &str) {
+    let skipped = head_with_mask(q, k, v, mask, dims, d, false, isa);
+    let full = head_with_mask(q, k, v, mask, dims, d, true, isa);
+    let worst = skipped.iter().zip(&full).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "{isa:?} {what}: {worst:e}");
+    let want = reference(q, d, k, d, v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
+    assert_close(&skipped, d, &want, dims, what);
+}
+
 /// Padded keys (after the last open key of a broadcast mask) are skipped with no change to the
 /// result beyond the order of the softmax sum: within 1e-6 of what the same mask per query row
 /// (never skipped) gives, for BERT's -10000, -inf and f32::MIN padding, on both ISAs, and close
@@ -540,12 +547,7 @@ fn padded_keys_are_skipped_without_changing_a_bit() {
                 let (q, k, v) = (r.vec(sq * d), r.vec(sk * d), r.vec(sk * d));
                 let mask: Vec<f32> = (0..sk).map(|j| if j < keep { 0.0 } else { pad }).collect();
                 let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
-                let skipped = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
-                let full = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
-                let worst = skipped.iter().zip(&full).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0f32, f32::max);
-                assert!(worst <= 1e-6, "{isa:?} {sq}x{sk} keep {keep} pad {pad}: {worst:e}");
-                let want = reference(&q, d, &k, d, &v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
-                assert_close(&skipped, d, &want, dims, "padded keys");
+                check_padded(&q, &k, &v, &mask, dims, d, isa, &format!("{sq}x{sk} keep {keep} pad {pad}"));
             }
         }
     }
