@@ -20,8 +20,8 @@
 //!   layouts instead: two consecutive A strips × two consecutive B panels, 24 zmm accumulators, one
 //!   instance per row count (1..12) so partial tiles do no padded-row work. Per element it does the
 //!   same FMAs in the same order and the same store and epilogue as the 6×16 tile, so the results
-//!   are bitwise identical to the AVX2 path. Both tiles prefetch the B panel(s) the next tile will
-//!   read (B comes from L3/memory when m is small).
+//!   are bitwise identical to the AVX2 path. The tiles sharing a B panel (pair) prefetch the next
+//!   one, each an equal slice of its k steps (B comes from L3/memory when m is small).
 //! - Threads: the (m, n) work is cut into as many contiguous ranges of B panels (or of A rows) as
 //!   there are threads, each with its own A-packing scratch. Each element of C goes through the same
 //!   operations in every split, so results are bitwise identical for any thread count.
@@ -322,22 +322,24 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 // ---------------------------------------------------------------------------------------------
 // Architecture-specific pieces behind function pointers chosen once per call.
 
-/// `kernel(kc, a, a_ld, b_panel, b_next, c, ldc, alpha, beta, mr, nr)`: C[mr×nr] = alpha·A·B
+/// `kernel(kc, a, a_ld, b_panel, b_next, c, ldc, alpha, beta, mr, nr, pf)`: C[mr×nr] = alpha·A·B
 /// (+ C if beta); `b_next` (a prefetch hint, never dereferenced) is where the next panel's same
-/// k block starts. A is a packed strip when `a_ld` is [`PACKED`], else mr row-major rows at
-/// stride `a_ld` (the source itself, see [`gemm_block`]).
+/// k block starts, and the tile prefetches its k steps `pf.0..pf.1` (see [`prefetch_slice`]). A
+/// is a packed strip when `a_ld` is [`PACKED`], else mr row-major rows at stride `a_ld` (the
+/// source itself, see [`gemm_block`]).
 type KernelFn =
-    unsafe fn(usize, *const f32, usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize);
+    unsafe fn(usize, *const f32, usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize, (usize, usize));
 /// `pack_a(a, lda, mc, kc, dst)`.
 type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
 type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilogue, Activation);
 
-/// `wide(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)`: a tile of up to 2·MR rows (two
-/// consecutive packed A strips, or mr row-major rows at stride `a_ld` as in [`KernelFn`]) × 2·NR
-/// columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C).
+/// `wide(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf)`: a tile of up to 2·MR rows
+/// (two consecutive packed A strips, or mr row-major rows at stride `a_ld` as in [`KernelFn`]) ×
+/// 2·NR columns (panels `b` and `b + b_stride`); C = alpha·A·B (+ C); prefetches k steps
+/// `pf.0..pf.1` of the next two panels.
 type WideFn =
-    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, f32, bool, usize, usize);
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, f32, bool, usize, usize, (usize, usize));
 
 /// The `a_ld` of a tile kernel whose A is packed strips.
 const PACKED: usize = 0;
@@ -398,6 +400,7 @@ mod scalar {
         beta: bool,
         mr: usize,
         nr: usize,
+        _pf: (usize, usize),
     ) {
         let mut acc = [[0.0f32; NR]; MR];
         for p in 0..kc {
@@ -511,18 +514,19 @@ mod avx2 {
         beta: bool,
         mr: usize,
         nr: usize,
+        pf: (usize, usize),
     ) {
         macro_rules! rows {
             ($direct:literal) => {
                 // SAFETY (each arm): forwarded; the instance reads rows < mr of A.
                 unsafe {
                     match mr {
-                        1 => kernel_r::<1, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
-                        2 => kernel_r::<2, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
-                        3 => kernel_r::<3, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
-                        4 => kernel_r::<4, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
-                        5 => kernel_r::<5, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
-                        _ => kernel_r::<MR, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr),
+                        1 => kernel_r::<1, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
+                        2 => kernel_r::<2, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
+                        3 => kernel_r::<3, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
+                        4 => kernel_r::<4, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
+                        5 => kernel_r::<5, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
+                        _ => kernel_r::<MR, $direct>(kc, a, a_ld, b, b_next, c, ldc, alpha, beta, mr, nr, pf),
                     }
                 }
             };
@@ -552,15 +556,16 @@ mod avx2 {
         beta: bool,
         mr: usize,
         nr: usize,
+        pf: (usize, usize),
     ) {
         let mut acc = [[_mm256_setzero_ps(); NV]; R];
         let mut ap = a;
         let mut bp = b;
-        let mut pf = b_next;
-        for _ in 0..kc {
-            // Hint only (prefetches never fault): the next panel's B, cold when m is small.
-            _mm_prefetch::<_MM_HINT_T0>(pf.cast());
-            pf = pf.wrapping_add(NR);
+        for p in 0..kc {
+            if p >= pf.0 && p < pf.1 {
+                // Hint only (prefetches never fault): the next panel's B, cold when m is small.
+                _mm_prefetch::<_MM_HINT_T0>(b_next.wrapping_add(p * NR).cast());
+            }
             // SAFETY: kc steps of MR (a packed) or 1 (a direct) and NR (b) floats stay inside the
             // operands.
             unsafe {
@@ -872,6 +877,7 @@ mod avx512 {
         beta: bool,
         mr: usize,
         nr: usize,
+        pf: (usize, usize),
     ) {
         // One instance per row count: a partial tile (m not a multiple of 12, e.g. 16 = 12 + 4)
         // does only its valid rows' FMAs instead of a full strip's.
@@ -882,11 +888,11 @@ mod avx512 {
                         // SAFETY: forwarded; the instance reads only rows < mr of A and the
                         // panels that exist.
                         ($r, true) => unsafe {
-                            tile::<$r, 2, true, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                            tile::<$r, 2, true, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf)
                         },
                         // SAFETY: as above.
                         ($r, false) => unsafe {
-                            tile::<$r, 1, false, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr)
+                            tile::<$r, 1, false, $direct>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf)
                         },
                     )*
                     _ => {}
@@ -963,6 +969,7 @@ mod avx512 {
         beta: bool,
         mr: usize,
         nr: usize,
+        pf: (usize, usize),
     ) {
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         let a1 = a.wrapping_add(kc * MR);
@@ -976,7 +983,7 @@ mod avx512 {
                 if P == 2 {
                     bv[P - 1] = _mm512_loadu_ps(b1.add(p * NR));
                 }
-                if PF {
+                if PF && p >= pf.0 && p < pf.1 {
                     // The same k step of the panels two ahead (the next tile pair's B, which
                     // otherwise comes cold from L3/memory when m is small). A hint: never faults.
                     _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * b_stride + p * NR).cast());
@@ -1051,6 +1058,17 @@ pub(crate) struct GemmDesc {
 unsafe impl Sync for GemmDesc {}
 // SAFETY: as above.
 unsafe impl Send for GemmDesc {}
+
+/// The k steps of the next B panel(s) that tile `t` of the `tiles` sharing a panel prefetches:
+/// an equal slice each, so the panel is fetched once, spread over the tiles, instead of every
+/// tile prefetching all of it again (11 times at m = 128 on AVX-512, 22 on AVX2). gemm_bench,
+/// 2 threads, B cold (`COLD=b`): 128×384·384×384 278-285 → 284-298 GF/s, ·384×1536 300 →
+/// 309-328, 128×1536·1536×384 276-280 → 279-287; 1024 rows within noise. AVX2 path
+/// (`KILN_NO_AVX512=1`): 155-157 → 163-164, 160-165 → 167-168, 151-159 → 160-161.
+#[inline]
+fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize) {
+    (t * kc / tiles, (t + 1) * kc / tiles)
+}
 
 /// Runs rows `r0..r1` × panels `p0..p1` of `d` on the calling thread.
 ///
@@ -1145,11 +1163,12 @@ pub(crate) unsafe fn gemm_block(
                     let mut ir = 0;
                     while ir < mc {
                         let mr = (2 * MR).min(mc - ir);
+                        let pf = prefetch_slice(ir / (2 * MR), mc.div_ceil(2 * MR), kc);
                         // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's
                         // rows ir..ir+mr of the block (packed: the strips at ir·kc).
                         unsafe {
                             let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                            wide(kc, strip(ir), a_ld, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr);
+                            wide(kc, strip(ir), a_ld, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr, pf);
                             if last && post {
                                 (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                             }
@@ -1174,7 +1193,8 @@ pub(crate) unsafe fn gemm_block(
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
                         let bn = bp.wrapping_add(d.k * NR);
-                        (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr);
+                        let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
+                        (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf);
                         if last && post {
                             (arch.epilogue)(cp, d.ldc, mr, nr, mc0 + ir, col0, &d.epi, d.act);
                         }
