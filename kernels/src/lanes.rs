@@ -1,5 +1,6 @@
 //! One vector of f32 lanes, as the operations the vector math needs: [`Lanes`] for `__m256`
-//! (AVX2+FMA, 8 lanes) and `__m512` (AVX-512F, 16 lanes).
+//! (AVX2+FMA, 8 lanes), `__m512` (AVX-512F, 16 lanes) and `f32` (one lane, plain Rust: the
+//! scalar path runs the same definitions and gets the same bits).
 //!
 //! The activations are written once, generic over `Lanes` (`math::simd`), and instantiated at both
 //! widths, so the AVX-512 GEMM epilogue does per element exactly the operations of the AVX2 one:
@@ -16,6 +17,106 @@
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+// SAFETY: plain f32 arithmetic, no ISA requirement. Each method is the one-lane form of the x86
+// instruction the vector impls use (`mul_add` rounds once like `vfmadd`; min/max return `b` on
+// NaN like `vminps`/`vmaxps`), so the scalar path gives the vector paths' bits.
+unsafe impl Lanes for f32 {
+    type Mask = bool;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        self + b
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        self - b
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        self * b
+    }
+    #[inline(always)]
+    unsafe fn div(self, b: Self) -> Self {
+        self / b
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        self.mul_add(b, c)
+    }
+    #[inline(always)]
+    unsafe fn fmsub(self, b: Self, c: Self) -> Self {
+        self.mul_add(b, -c)
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
+        (-self).mul_add(b, c)
+    }
+    #[inline(always)]
+    unsafe fn min(self, b: Self) -> Self {
+        if self < b { self } else { b }
+    }
+    #[inline(always)]
+    unsafe fn max(self, b: Self) -> Self {
+        if self > b { self } else { b }
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> Self {
+        f32::from_bits(self.to_bits() & 0x7fff_ffff)
+    }
+    #[inline(always)]
+    unsafe fn copysign(self, sign: Self) -> Self {
+        f32::copysign(self, sign)
+    }
+    #[inline(always)]
+    unsafe fn unord(self, b: Self) -> bool {
+        self.is_nan() || b.is_nan()
+    }
+    #[inline(always)]
+    unsafe fn lt(self, b: Self) -> bool {
+        self < b
+    }
+    #[inline(always)]
+    unsafe fn gt(self, b: Self) -> bool {
+        self > b
+    }
+    #[inline(always)]
+    unsafe fn eq(self, b: Self) -> bool {
+        self == b
+    }
+    #[inline(always)]
+    unsafe fn nlt(self, b: Self) -> bool {
+        // Not less: true when unordered (NaN), as `_CMP_NLT_UQ`.
+        self.partial_cmp(&b) != Some(std::cmp::Ordering::Less)
+    }
+    #[inline(always)]
+    unsafe fn select(m: bool, t: Self, f: Self) -> Self {
+        if m { t } else { f }
+    }
+    #[inline(always)]
+    unsafe fn zero_unless(self, m: bool) -> Self {
+        if m { self } else { 0.0 }
+    }
+    #[inline(always)]
+    unsafe fn any(m: bool) -> bool {
+        m
+    }
+    #[inline(always)]
+    unsafe fn all(m: bool) -> bool {
+        m
+    }
+    #[inline(always)]
+    unsafe fn shl23(self) -> Self {
+        f32::from_bits(self.to_bits() << 23)
+    }
+    #[inline(always)]
+    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
+        table[(idx.to_bits() & 15) as usize]
+    }
+}
 
 /// A vector of f32 lanes. `Mask` is the result of a lane-wise compare.
 ///

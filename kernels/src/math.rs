@@ -297,22 +297,12 @@ pub fn silu(x: f32) -> f32 {
 
 /// x·Φ(x) (scalar path), with `q(t) = Φ(-t)` from the piecewise polynomial `GELU_Q` (see
 /// `coeffs`): `x·q(|x|)` for x ≤ 0 and `x - x·q(|x|)` for x > 0, so negative x keeps its relative
-/// accuracy (no `1 + erf` cancellation). The operations, FMAs included (`mul_add` rounds once),
-/// are those of `simd::gelu_erf`: the scalar and vector paths agree bit for bit.
+/// accuracy (no `1 + erf` cancellation). It is `simd::gelu_erf` at one lane (`Lanes for f32`):
+/// the scalar and vector paths agree bit for bit.
 #[inline]
 pub fn gelu_erf(x: f32) -> f32 {
-    let t = x.abs();
-    let u = t * GELU_K;
-    let r = u + ROUND_MAGIC;
-    let s = (u - (r - ROUND_MAGIC)) + t.mul_add(GELU_K, -u);
-    let j = (r.to_bits() & 15) as usize;
-    let q = GELU_Q.iter().rev().skip(1).fold(GELU_Q[GELU_Q.len() - 1][j], |q, c| q.mul_add(s, c[j]));
-    let q = if u < GELU_U_END { q } else { 0.0 };
-    if x > 0.0 {
-        (-x.min(f32::MAX)).mul_add(q, x)
-    } else {
-        x * q
-    }
+    // SAFETY: `Lanes for f32` is plain arithmetic with no ISA requirement.
+    unsafe { simd::gelu_erf(x) }
 }
 
 /// x/2·(1 + tanh(√(2/π)(x + 0.044715x³))) (scalar path), computed as `x / (1 + exp(-2u))`
@@ -343,13 +333,13 @@ fn tail(x: f32) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // SIMD algorithms, written once over `Lanes` and instantiated at 8 lanes (AVX2) and 16 (AVX-512).
 
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod simd {
     //! The vector algorithms the GEMM epilogue and the softmax use, generic over the vector width.
     //! Each is the same sequence of IEEE-exact lane operations at every width, so an AVX-512
     //! caller gets the AVX2 answer bit for bit (`kernels/tests/gemm.rs` checks every activation
     //! through both epilogues on a dense sweep, `kernels/tests/attention.rs` the softmax).
-    //! All functions are `unsafe`: the caller is a `#[target_feature]` function of `V`'s ISA.
+    //! All functions are `unsafe`: the caller is a `#[target_feature]` function of `V`'s ISA
+    //! (none for `f32`, the scalar path).
     use super::*;
     use crate::lanes::Lanes;
 
@@ -471,7 +461,9 @@ pub(crate) mod simd {
         }
     }
 
-    /// See the scalar `gelu_erf`: the same operations, lane-wise.
+    /// GELU (erf): `x - x·Φ(-|x|)` for x > 0, `x·Φ(-|x|)` otherwise, Φ(-|x|) a tabulated
+    /// piecewise polynomial (see the scalar `gelu_erf` and `coeffs`). The scalar path runs this
+    /// same definition at one lane.
     #[inline(always)]
     pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
         unsafe {
