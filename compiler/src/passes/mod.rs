@@ -9,9 +9,11 @@
 //! | `simplify` | algebra: reshape/transpose chains collapse, identity reshapes/transposes/casts go, `x*1`, `x+0`, `x-0`, `x/1`, `--x` go, a last-two-dims transpose feeding a MatMul becomes its transpose flag |
 //! | `cse` | merges nodes with the same op, inputs and type |
 //! | `norms` | LayerNorm / RMSNorm written out as means and elementwise ops become the norm op |
+//! | `activations` | GELU written out (`x·½·(1 + erf(x/√2))`, or its tanh form) becomes the `gelu` (`gelutanh`) op |
 //! | `dce` | drops nodes no output depends on |
 //! | `layout` | decides weight layouts under the target's `LayoutPolicy` (see `kernel_ir::WeightLayout`) |
 
+pub mod activations;
 pub mod const_fold;
 pub mod cse;
 pub mod dce;
@@ -62,6 +64,7 @@ pub fn standard_passes() -> Vec<Box<dyn Pass>> {
         Box::new(simplify::Simplify),
         Box::new(cse::Cse),
         Box::new(norms::Norms),
+        Box::new(activations::Activations),
         Box::new(dce::Dce),
         Box::new(layout::LayoutPass),
     ]
