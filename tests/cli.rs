@@ -54,7 +54,7 @@ fn compile_inspect_and_embed_through_a_plan() {
 
     let (ok, out, err) = kiln(&["inspect", p]);
     assert!(ok, "{err}");
-    assert!(out.contains("bucket 1x16: 66 kernels") && out.contains("bucket 2x32"), "{out}");
+    assert!(out.contains("bucket 1x16: 54 kernels") && out.contains("bucket 2x32"), "{out}");
 
     let (text, want) = golden_sentence0();
     let (ok, out, err) = kiln(&["embed", "--plan", p, "--model", d, "--json", &text]);

@@ -40,6 +40,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write};
 
 use kiln_runtime::graph::{BinaryOp, Bucket, ReduceOp, UnaryOp};
+pub use kiln_runtime::graph::WeightConcat;
 use kiln_runtime::DType;
 use serde::{Deserialize, Serialize};
 
@@ -76,8 +77,10 @@ pub enum WeightLayout {
 pub enum BufferKind {
     /// Graph input `index` (bound per run; read-only for kernels).
     Input { index: usize },
-    /// Weight-table entry `index` of the graph (read-only), stored per `layout`.
-    Weight { index: usize, layout: WeightLayout },
+    /// Weight-table entry `index` of the graph (read-only), stored per `layout`. `concat` names
+    /// further entries joined to it (in the checkpoint layout, before `layout` applies):
+    /// the merged weight of sibling linear layers (fusion's `siblings` step); usually `None`.
+    Weight { index: usize, layout: WeightLayout, concat: Option<WeightConcat> },
     /// A constant tensor known at compile time (f32, row-major in `shape`).
     Constant { values: Vec<f32> },
     /// An intermediate living in the per-plan arena; its offset comes from the memory plan.
@@ -534,8 +537,14 @@ impl KernelProgram {
             let dims = b.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
             let kind = match &b.kind {
                 BufferKind::Input { index } => format!("input#{index}"),
-                BufferKind::Weight { index, layout: WeightLayout::AsIs } => format!("weight#{index}"),
-                BufferKind::Weight { index, layout: WeightLayout::Transposed } => format!("weight#{index} transposed"),
+                BufferKind::Weight { index, layout, concat } => {
+                    let more: String = match concat {
+                        Some(c) => c.rest.iter().map(|i| format!("+#{i}")).chain([format!(" axis {}", c.axis)]).collect(),
+                        None => String::new(),
+                    };
+                    let t = if *layout == WeightLayout::Transposed { " transposed" } else { "" };
+                    format!("weight#{index}{more}{t}")
+                }
                 BufferKind::Constant { values } => {
                     let shown: Vec<String> = values.iter().take(8).map(|v| format!("{v:?}")).collect();
                     let more = if values.len() > 8 { ",.." } else { "" };

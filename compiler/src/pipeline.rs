@@ -15,13 +15,13 @@ use kiln_runtime::graph::{Bucket, Graph};
 use kiln_runtime::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::fuse::{count_ops, fuse, FusionReport};
+use crate::fuse::{count_ops, fuse, merge_siblings, FusionReport};
 use crate::kernel_ir::{KernelProgram, WeightLayout};
 use crate::memory_plan::{plan_memory, MemoryPlan};
 use crate::passes::{standard_passes, LayoutPolicy, PassCtx};
 
 /// Every stage name [`dump_after`] and `KILN_DUMP` accept, in pipeline order.
-pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "norms", "dce", "layout", "fuse", "memory_plan"];
+pub const STAGES: &[&str] = &["specialize", "const_fold", "simplify", "cse", "norms", "activations", "dce", "layout", "fuse", "memory_plan"];
 
 /// Everything the middle-end produces for one bucket: what a backend lowers from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,7 +80,10 @@ fn run_with(
         }
         hook(pass.name(), &|| format!("{}{}", g.print(), pass.dump_extra(&g, &ctx)));
     }
-    let program = fuse(&g, bucket, &ctx.layouts)?;
+    let mut program = fuse(&g, bucket, &ctx.layouts)?;
+    if ctx.layout_policy.merges_sibling_weights() {
+        merge_siblings(&mut program)?;
+    }
     hook("fuse", &|| program.print());
     let plan = plan_memory(&program)?;
     hook("memory_plan", &|| plan.print(&program));

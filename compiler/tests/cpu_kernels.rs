@@ -168,6 +168,67 @@ fn linear_layers_with_fused_epilogues() {
     clif_golden("gemm_bias_gelu_residual", &g, Bucket::new(1, 4));
 }
 
+/// Linear layers reading the same input merge into one GEMM over their concatenated weights
+/// (PyTorch `[n, k]` weights and ONNX `[k, n]` ones, never with each other), each reader then
+/// reading its columns of the merged output; a reader whose view wraps rows (a flattening
+/// reshape) keeps its group apart. Checked against the reference on 1 and 2 threads.
+#[test]
+fn sibling_linear_layers_merge_into_one_gemm() {
+    for flat_reader in [false, true] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![Dim::Batch, f(13), f(24)], InputRole::Other).unwrap();
+        let linear = |b: &mut GraphBuilder, name: &str, torch: bool| {
+            let shape: [usize; 2] = if torch { [40, 24] } else { [24, 40] };
+            let w = b.weight(&format!("w{name}"), DType::F32, &shape).unwrap();
+            let bias = b.weight(&format!("b{name}"), DType::F32, &[40]).unwrap();
+            if torch {
+                b.linear(x, w, Some(bias)).unwrap()
+            } else {
+                let y = b.matmul(x, w).unwrap();
+                b.add(y, bias).unwrap()
+            }
+        };
+        let (ta, tb) = (linear(&mut b, "a", true), linear(&mut b, "b", true));
+        let (oc, od, oe) = (linear(&mut b, "c", false), linear(&mut b, "d", false), linear(&mut b, "e", false));
+        // Each output read as the A operand of a GEMM (a reader that takes no bias into its
+        // prologue, so every bias stays in its own GEMM's epilogue, as before attention).
+        let wr = b.weight("wr", DType::F32, &[40, 8]).unwrap();
+        let mut sum = None;
+        for v in [ta, tb, oc, od, oe] {
+            let r = b.matmul(v, wr).unwrap();
+            sum = Some(match sum {
+                None => r,
+                Some(s) => b.add(s, r).unwrap(),
+            });
+        }
+        b.output("sum", sum.unwrap());
+        if flat_reader {
+            let e = b.reshape(oe, vec![Dim::Batch, f(13 * 40)]).unwrap();
+            let e = b.reduce_sum(e, &[1], false).unwrap();
+            b.output("e", e);
+        }
+        let g = b.finish().unwrap();
+        let bucket = Bucket::new(3, 1);
+        let l = kiln_compiler::pipeline::run_pipeline_for(&g, bucket, kiln_compiler::passes::LayoutPolicy::TransposeLinearWeights).unwrap();
+        let widths: Vec<usize> = l
+            .program
+            .kernels
+            .iter()
+            .filter_map(|k| match k.op {
+                kiln_compiler::kernel_ir::KernelOp::Gemm { n, .. } => Some(n),
+                _ => None,
+            })
+            .collect();
+        let merged: &[usize] = if flat_reader { &[80, 40, 40, 40] } else { &[80, 120] };
+        let want: Vec<usize> = merged.iter().copied().chain([8; 5]).collect();
+        assert_eq!(widths, want, "flat reader: {flat_reader}\n{}", l.program.print());
+        // The GPU uploads checkpoint tensors as they are: nothing merges there.
+        let gpu = kiln_compiler::pipeline::run_pipeline_for(&g, bucket, kiln_compiler::passes::LayoutPolicy::Checkpoint).unwrap();
+        assert_eq!(gpu.program.kernels_by_kind().get("gemm"), Some(&10));
+        check("siblings", &g, bucket, 1e-4);
+    }
+}
+
 #[test]
 fn unfusable_epilogue_runs_unfused() {
     // x·W scaled then divided by an operand: no microkernel epilogue matches.

@@ -34,7 +34,7 @@ impl P {
     }
     fn weight(&mut self, name: &str, dtype: DType, shape: &[usize], layout: WeightLayout) -> BufferId {
         let index = self.weights.len();
-        self.buf(name, dtype, shape, BufferKind::Weight { index, layout })
+        self.buf(name, dtype, shape, BufferKind::Weight { index, layout, concat: None })
     }
     fn output(&mut self, name: &str, dtype: DType, shape: &[usize]) -> BufferId {
         self.buf(name, dtype, shape, BufferKind::Output { index: 0 })

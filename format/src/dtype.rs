@@ -200,6 +200,42 @@ impl HostTensor {
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
+    /// `parts` joined along `axis` as one f32 tensor (a merged weight, see the graph's
+    /// `WeightConcat`); an error names the part whose dims do not fit.
+    pub fn concat_f32(parts: &[&HostTensor], axis: usize) -> Result<HostTensor> {
+        let mismatch = |i: usize, expected: String, found: &[usize]| Error::TensorMismatch {
+            path: "<weight concatenation>".into(),
+            tensor: format!("part {i}"),
+            expected,
+            found: format!("{found:?}"),
+        };
+        let first = parts.first().ok_or_else(|| mismatch(0, "a tensor".into(), &[]))?;
+        let rank = first.shape.len();
+        if axis >= rank {
+            return Err(mismatch(0, format!("a rank above the axis {axis}"), &first.shape));
+        }
+        let outer: usize = first.shape[..axis].iter().product();
+        let inner: usize = first.shape[axis + 1..].iter().product();
+        let mut shape = first.shape.clone();
+        shape[axis] = 0;
+        let mut data: Vec<Vec<f32>> = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let fits = p.shape.len() == rank && (0..rank).all(|d| d == axis || p.shape[d] == first.shape[d]);
+            if !fits {
+                return Err(mismatch(i, format!("{:?} but along axis {axis}", first.shape), &p.shape));
+            }
+            shape[axis] += p.shape[axis];
+            data.push(p.to_f32_vec());
+        }
+        let mut out = Vec::with_capacity(shape.iter().product());
+        for o in 0..outer {
+            for (p, v) in parts.iter().zip(&data) {
+                let run = p.shape[axis] * inner;
+                out.extend_from_slice(&v[o * run..(o + 1) * run]);
+            }
+        }
+        HostTensor::f32(shape, out)
+    }
     /// This tensor in shape `to` (same rank): the region both shapes share is copied, bit for
     /// bit in its own dtype; the rest is zero. Pads (every dim of `to` larger) and trims (every
     /// dim smaller) alike: the engine's padding of inputs and trimming of outputs.
@@ -250,5 +286,24 @@ impl HostTensor {
             TensorData::F32(v) => v,
             _ => unreachable!("convert(F32) yields F32"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concat_joins_along_either_axis_and_names_a_part_that_does_not_fit() {
+        let a = HostTensor::f32(vec![2, 2], vec![1., 2., 3., 4.]).unwrap();
+        let b = HostTensor::f32(vec![2, 1], vec![5., 6.]).unwrap();
+        let c = HostTensor::f32(vec![1, 2], vec![7., 8.]).unwrap();
+        let cols = HostTensor::concat_f32(&[&a, &b], 1).unwrap();
+        assert_eq!((cols.shape.clone(), cols.to_f32_vec()), (vec![2, 3], vec![1., 2., 5., 3., 4., 6.]));
+        let rows = HostTensor::concat_f32(&[&a, &c], 0).unwrap();
+        assert_eq!((rows.shape.clone(), rows.to_f32_vec()), (vec![3, 2], vec![1., 2., 3., 4., 7., 8.]));
+        let e = HostTensor::concat_f32(&[&a, &b], 0).unwrap_err().to_string();
+        assert!(e.contains("part 1") && e.contains("[2, 1]"), "{e}");
+        assert!(HostTensor::concat_f32(&[&a], 2).is_err());
     }
 }

@@ -166,6 +166,23 @@ pub struct WeightSpec {
     pub shape: Vec<usize>,
 }
 
+/// Further weight-table entries joined to one entry along `axis` into a single tensor that a
+/// backend prepares once: the merged weight of sibling linear layers (attention's Q, K and V
+/// projections as one GEMM). Every part has the first one's dims except along `axis`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WeightConcat {
+    pub axis: usize,
+    /// The entries after the first, in order.
+    pub rest: Vec<usize>,
+}
+
+impl WeightConcat {
+    /// Every entry joined, in order, `first` (the entry the concatenation is attached to) first.
+    pub fn entries(&self, first: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(first).chain(self.rest.iter().copied())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// Graph input `index` (see [`Graph::inputs`]).

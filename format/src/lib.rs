@@ -27,6 +27,6 @@ pub mod trust;
 pub use bucket::Bucket;
 pub use dtype::{DType, HostTensor, TensorData};
 pub use error::{Error, Result};
-pub use graph::{BinaryOp, Dim, Graph, InputRole, InputSpec, Node, Op, ReduceOp, UnaryOp, ValueId, WeightSpec};
+pub use graph::{BinaryOp, Dim, Graph, InputRole, InputSpec, Node, Op, ReduceOp, UnaryOp, ValueId, WeightConcat, WeightSpec};
 pub use signature::{fingerprint, OutputSpec, Signature};
 pub use trust::TrustPolicy;

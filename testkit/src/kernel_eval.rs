@@ -241,10 +241,20 @@ pub fn run_program(
                 continue;
             }
             (_, PlaceLoc::Const(ci)) => placed.constants[ci].clone(),
-            (BufferKind::Weight { index, layout }, PlaceLoc::Weight(_)) => {
-                let t = weights
-                    .get(*index)
-                    .ok_or_else(|| Error::graph("<weights>", format!("weight #{index} (`{}`) missing", b.name)))?;
+            (BufferKind::Weight { index, layout, concat }, PlaceLoc::Weight(_)) => {
+                let part = |i: usize| {
+                    weights.get(i).ok_or_else(|| Error::graph("<weights>", format!("weight #{i} (`{}`) missing", b.name)))
+                };
+                // A merged weight: the parts joined along `c.axis` of the checkpoint layout.
+                let joined;
+                let t = match concat {
+                    None => part(*index)?,
+                    Some(c) => {
+                        let parts = c.entries(*index).map(part).collect::<Result<Vec<_>>>()?;
+                        joined = HostTensor::concat_f32(&parts, c.axis)?;
+                        &joined
+                    }
+                };
                 let want: Vec<usize> = match layout {
                     WeightLayout::AsIs => b.shape.clone(),
                     WeightLayout::Transposed => vec![b.shape[1], b.shape[0]],

@@ -42,7 +42,7 @@ impl<'a> Fuser<'a> {
                     Some(b) => b,
                     None => {
                         let name = g.weights[*index].name.clone();
-                        let b = self.new_buffer(&name, n.dtype, &stored, BufferKind::Weight { index: *index, layout });
+                        let b = self.new_buffer(&name, n.dtype, &stored, BufferKind::Weight { index: *index, layout, concat: None });
                         self.weight_bufs[*index] = Some(b);
                         b
                     }

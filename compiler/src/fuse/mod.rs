@@ -27,6 +27,9 @@
 //!    when the strides allow (one `[batch·seq, k] × [k, n]` GEMM for a linear layer).
 //! 5. Graph outputs are written by their producing kernel straight into the output buffer, or
 //!    copied there when they are inputs, weights, strided views or repeated.
+//! 6. On targets that prepare their weights per plan (the CPU), sibling GEMMs (same A) merge
+//!    into one GEMM over their concatenated weights ([`merge_siblings`]): attention's Q, K
+//!    and V projections.
 
 use std::collections::{HashMap, HashSet};
 
@@ -146,6 +149,7 @@ mod expr;
 mod group;
 mod lower;
 mod report;
+mod siblings;
 
 pub use report::{count_ops, op_kind, FusionReport};
 use expr::{scalar_constant, ExprBuilder};
@@ -264,4 +268,14 @@ impl<'a> Fuser<'a> {
 /// decision per weight-table entry (from the `layout` pass).
 pub fn fuse(graph: &Graph, bucket: Bucket, layouts: &[WeightLayout]) -> Result<KernelProgram> {
     Fuser::new(graph, bucket, layouts)?.run()
+}
+
+/// Merges sibling GEMMs into one over their concatenated weights (see [`siblings`]), for a
+/// target whose weights are prepared per plan (the CPU); returns how many kernels it removed.
+pub fn merge_siblings(program: &mut KernelProgram) -> Result<usize> {
+    let removed = siblings::merge_sibling_gemms(program);
+    if removed > 0 {
+        program.validate()?;
+    }
+    Ok(removed)
 }

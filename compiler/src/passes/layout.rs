@@ -29,6 +29,15 @@ pub enum LayoutPolicy {
     Checkpoint,
 }
 
+impl LayoutPolicy {
+    /// Whether this target may join weights into new tensors at preparation time (the merged
+    /// weight of sibling GEMMs): the CPU prepares every weight per plan anyway; the GPU uploads
+    /// checkpoint tensors as they are.
+    pub fn merges_sibling_weights(self) -> bool {
+        self == LayoutPolicy::TransposeLinearWeights
+    }
+}
+
 /// The layout decision for every weight-table entry of `graph` under `policy`.
 pub fn decide_layouts(graph: &Graph, policy: LayoutPolicy) -> Vec<WeightLayout> {
     if policy == LayoutPolicy::Checkpoint {

@@ -9,6 +9,7 @@ use crate::bucket::Bucket;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::features::has_cpu_feature;
+use crate::graph::WeightConcat;
 
 /// Where a graph input or output lives in the arena.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,7 +156,10 @@ impl CpuPlanImage {
 pub struct WeightSlot {
     /// Index in the graph's weight table.
     pub index: usize,
-    /// Shape of the checkpoint tensor.
+    /// Further weight-table entries joined to `index` before the prep (the weights of sibling
+    /// linear layers merged into one GEMM); `None` for one tensor.
+    pub concat: Option<WeightConcat>,
+    /// Shape of the checkpoint tensor (of the concatenation, when `concat` is set).
     pub shape: Vec<usize>,
     /// Element type the code reads (the checkpoint tensor is converted to it).
     pub dtype: DType,
@@ -184,6 +188,11 @@ impl WeightSlot {
     /// Internal consistency (no tensor needed): ranks, dtypes, the packed view inside the storage.
     pub fn verify(&self) -> std::result::Result<(), String> {
         let numel = self.numel().ok_or("shape overflows")?;
+        if let Some(c) = &self.concat {
+            if c.axis >= self.shape.len() || self.dtype != DType::F32 {
+                return Err(format!("a concatenation along axis {} must be f32 of a higher rank, not {} {:?}", c.axis, self.dtype, self.shape));
+            }
+        }
         match &self.prep {
             WeightPrep::AsIs => Ok(()),
             WeightPrep::Transposed if self.shape.len() == 2 => Ok(()),

@@ -155,11 +155,21 @@ impl CpuWeights {
     fn build(&self, slot: &WeightSlot) -> Result<Prepared> {
         let bad = |m: String| Error::Backend(format!("weight slot for tensor #{}: {m}", slot.index));
         slot.verify().map_err(bad)?;
-        let t = self
-            .inner
-            .tensors
-            .get(slot.index)
-            .ok_or_else(|| bad(format!("the checkpoint has only {} tensors", self.inner.tensors.len())))?;
+        let tensor = |i: usize| {
+            self.inner
+                .tensors
+                .get(i)
+                .ok_or_else(|| bad(format!("the checkpoint has only {} tensors (slot names #{i})", self.inner.tensors.len())))
+        };
+        let t = tensor(slot.index)?;
+        let joined = match &slot.concat {
+            None => None,
+            Some(c) => {
+                let parts = c.entries(slot.index).map(tensor).collect::<Result<Vec<_>>>()?;
+                Some(HostTensor::concat_f32(&parts, c.axis).map_err(|e| bad(e.to_string()))?)
+            }
+        };
+        let t = joined.as_ref().unwrap_or(t);
         if t.shape != slot.shape || t.numel() != slot.numel().unwrap_or(usize::MAX) {
             return Err(Error::TensorMismatch {
                 path: "<cpu weights>".into(),
@@ -169,7 +179,7 @@ impl CpuWeights {
             });
         }
         match &slot.prep {
-            WeightPrep::AsIs if t.dtype() == slot.dtype => Ok(Prepared::Host(slot.index)),
+            WeightPrep::AsIs if t.dtype() == slot.dtype && joined.is_none() => Ok(Prepared::Host(slot.index)),
             WeightPrep::AsIs | WeightPrep::Transposed => {
                 let data = match slot.prep {
                     WeightPrep::Transposed => TensorData::from_f64(

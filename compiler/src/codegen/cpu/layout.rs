@@ -55,7 +55,7 @@ pub fn packed_b_slot(program: &KernelProgram, ki: usize) -> Option<WeightSlot> {
     let KernelOp::Gemm { batch, m: _, n, k: kk, .. } = &k.op else { return None };
     let b = k.inputs.get(1)?;
     let buf = program.buffer(b.buffer);
-    let BufferKind::Weight { index, layout } = &buf.kind else { return None };
+    let BufferKind::Weight { index, layout, concat } = &buf.kind else { return None };
     if !buf.dtype.is_float() || b.strides[..batch.len()].iter().any(|&s| s != 0) {
         return None;
     }
@@ -67,6 +67,7 @@ pub fn packed_b_slot(program: &KernelProgram, ki: usize) -> Option<WeightSlot> {
     };
     Some(WeightSlot {
         index: *index,
+        concat: concat.clone(),
         shape,
         dtype: DType::F32,
         prep: WeightPrep::PackedB {
@@ -124,7 +125,7 @@ impl Layout {
                     continue;
                 }
                 let buf = program.buffer(t.buffer);
-                if let BufferKind::Weight { index, layout } = &buf.kind {
+                if let BufferKind::Weight { index, layout, concat } = &buf.kind {
                     if l.base[t.buffer.index()].is_some() {
                         continue;
                     }
@@ -137,7 +138,7 @@ impl Layout {
                             return Err(Error::internal("cpu layout", format!("transposed weight b{} is not rank 2", t.buffer.0)))
                         }
                     };
-                    let si = l.slot(WeightSlot { index: *index, shape, dtype: buf.dtype, prep });
+                    let si = l.slot(WeightSlot { index: *index, concat: concat.clone(), shape, dtype: buf.dtype, prep });
                     l.base[t.buffer.index()] = Some(Base::Slot(si));
                 }
             }

@@ -383,6 +383,12 @@ impl<'a> Ctx<'a> {
     /// kiln bug, refused rather than misread.
     fn device_view(&self, v: &BufferView) -> Result<BufferView> {
         let b = self.prog.buffer(v.buffer);
+        if matches!(&b.kind, BufferKind::Weight { concat: Some(_), .. }) {
+            return Err(Error::internal(
+                "cuda emit",
+                format!("weight `{}` is a concatenation the CPU's layout made (GPU plans read checkpoint tensors)", b.name),
+            ));
+        }
         if matches!(b.kind, BufferKind::Weight { layout: WeightLayout::Transposed, .. }) {
             return Err(Error::internal(
                 "cuda emit",
