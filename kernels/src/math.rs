@@ -603,7 +603,7 @@ pub(crate) mod avx2 {
         unsafe { simd::silu(x) }
     }
 
-    /// See the scalar `gelu_erf`: one branch, `x/2·erfc(-x/√2)`.
+    /// See the scalar `gelu_erf` (the tabulated `x·Φ(x)`).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu_erf8(x: __m256) -> __m256 {
