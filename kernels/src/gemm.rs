@@ -89,12 +89,12 @@ impl Epilogue {
         scale: 1.0,
     };
 
-    /// Row `i` of a C tile at (`row0`, `col0`) with its bias and residual (null when absent).
+    /// The bias and residual of C's row `row0 + i` from column `col0` on (null when absent).
     ///
     /// # Safety
-    /// The tile's row `i` and the bias/residual extents it reads are inside their allocations.
+    /// The bias/residual extents read from there are inside their allocations.
     #[inline(always)]
-    unsafe fn row(&self, c: *mut f32, ldc: usize, i: usize, row0: usize, col0: usize) -> (*mut f32, *const f32, *const f32) {
+    unsafe fn operands(&self, i: usize, row0: usize, col0: usize) -> (*const f32, *const f32) {
         // SAFETY: the caller's contract.
         unsafe {
             let bp = if self.bias.is_null() { std::ptr::null() } else { self.bias.add(col0) };
@@ -103,7 +103,7 @@ impl Epilogue {
             } else {
                 self.residual.add((row0 + i) * self.residual_stride + col0)
             };
-            (c.add(i * ldc), bp, rp)
+            (bp, rp)
         }
     }
 
@@ -139,14 +139,11 @@ impl TilePost<'_> {
     /// Bias and residual of the tile's row `i` from its column `col` on (null when absent).
     ///
     /// # Safety
-    /// As [`Epilogue::row`] for the tile's row `i`, columns from `col`.
+    /// As [`Epilogue::operands`] for the tile's row `i`, columns from `col`.
     #[inline(always)]
     unsafe fn operands(&self, i: usize, col: usize) -> (*const f32, *const f32) {
         // SAFETY: the caller's contract.
-        unsafe {
-            let (_, bp, rp) = self.epi.row(std::ptr::null_mut(), 0, i, self.row0, self.col0 + col);
-            (bp, rp)
-        }
+        unsafe { self.epi.operands(i, self.row0, self.col0 + col) }
     }
 }
 
@@ -353,10 +350,10 @@ pub(crate) fn align64(p: *mut f32) -> *mut f32 {
 // Architecture-specific pieces behind function pointers chosen once per call.
 
 /// `kernel(kc, a, a_ld, b_panel, b_next, c, ldc, alpha, beta, mr, nr, pf, post)`: C[mr×nr] =
-/// post(alpha·A·B (+ C if beta)), `post` the tile's epilogue when set; `b_next` (a prefetch hint, never dereferenced) is where the next panel's same
-/// k block starts, and the tile prefetches its k steps `pf.0..pf.1` (see [`prefetch_slice`]). A
-/// is a packed strip when `a_ld` is [`PACKED`], else mr row-major rows at stride `a_ld` (the
-/// source itself, see [`gemm_block`]).
+/// post(alpha·A·B (+ C if beta)), `post` the tile's epilogue when set; `b_next` (a prefetch
+/// hint, never dereferenced) is where the next panel's same k block starts, and the tile
+/// prefetches its k steps `pf.0..pf.1` (see [`prefetch_slice`]). A is a packed strip when `a_ld`
+/// is [`PACKED`], else mr row-major rows at stride `a_ld` (the source itself, see [`gemm_block`]).
 type KernelFn = unsafe fn(
     usize, *const f32, usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize, (usize, usize), Option<TilePost>,
 );
@@ -874,17 +871,18 @@ mod avx2 {
             // SAFETY (loop): columns j..j+8 (full vectors) or j..cols (masked tail) of row i, inside
             // the tile and the bias/residual extents.
             unsafe {
-                let (cp, bp, rp) = e.row(c, ldc, i, row0, col0);
-                let at = |p: *const f32, j: usize| if p.is_null() { p } else { p.add(j) };
+                let cp = c.add(i * ldc);
                 let mut j = 0;
                 while j + 8 <= cols {
-                    let v = post8::<false>(_mm256_loadu_ps(cp.add(j)), all, at(bp, j), at(rp, j), act);
+                    let (bp, rp) = e.operands(i, row0, col0 + j);
+                    let v = post8::<false>(_mm256_loadu_ps(cp.add(j)), all, bp, rp, act);
                     _mm256_storeu_ps(cp.add(j), v);
                     j += 8;
                 }
                 if j < cols {
                     let m = tail_mask(cols - j);
-                    let v = post8::<true>(_mm256_maskload_ps(cp.add(j), m), m, at(bp, j), at(rp, j), act);
+                    let (bp, rp) = e.operands(i, row0, col0 + j);
+                    let v = post8::<true>(_mm256_maskload_ps(cp.add(j), m), m, bp, rp, act);
                     _mm256_maskstore_ps(cp.add(j), m, v);
                 }
             }
@@ -995,13 +993,13 @@ mod avx512 {
             // SAFETY (loop): the masked lanes cover columns j..min(j+16, cols) of row i, inside
             // the tile and the bias/residual extents.
             unsafe {
-                let (cp, bp, rp) = e.row(c, ldc, i, row0, col0);
-                let at = |p: *const f32, j: usize| if p.is_null() { p } else { p.add(j) };
+                let cp = c.add(i * ldc);
                 let mut j = 0;
                 while j < cols {
                     let w = (cols - j).min(16);
                     let m: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
-                    let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, at(bp, j), at(rp, j), act);
+                    let (bp, rp) = e.operands(i, row0, col0 + j);
+                    let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act);
                     _mm512_mask_storeu_ps(cp.add(j), m, v);
                     j += 16;
                 }
