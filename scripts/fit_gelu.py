@@ -3,10 +3,19 @@
 
     PYTHONPATH=.pydeps python3 scripts/fit_gelu.py > /tmp/table.rs   # paste into kernels/src/math.rs
 
-GELU(x) = x·Φ(x). With t = |x|, q(t) = Φ(-t) = erfc(t/√2)/2 is tabulated: u = t·GELU_K splits
-[0, GELU_T) into 16 intervals centred on the integers 0..15 (u rounds to j, s = t·GELU_K - j in
-[-0.5, 0.5], with u's rounding error added back), and on interval j q(t) ≈ Σ_k GELU_Q[k][j]·s^k (degree 7). Then
-GELU(x) = x·q for x ≤ 0 and x - x·q for x > 0 (no 1 + erf cancellation), and q = 0 past GELU_T.
+GELU(x) = x·Φ(x). With t = |x|, q(t) = Φ(-t) = erfc(t/√2)/2 is tabulated on [0, T) in N = 8
+intervals of width T/N, so that one lookup is one 8-lane permute (vpermps ymm; on AVX-512 the
+table is doubled to 16 lanes): u = fma(t, GELU_K, GELU_C) rounds to j in 1..=8, the interval
+[(j-1)/K, j/K), and s = fma(t, GELU_K, -j) lies in [-1, 0] (one rounding). On interval j,
+q ≈ Σ_k GELU_Q[k][j mod 8]·s^k (degree D = 9). Then GELU(x) = x·q for x ≤ 0 and x - x·q for
+x > 0 (no 1 + erf cancellation), and q = 0 past T.
+
+Each interval's polynomial is expanded at its right end, where q is smallest: q falls like
+e^(-t·s/K) across an interval, and about that end the terms c_k·s^k all share a sign, so Horner's
+partial sums never exceed the result (expanded at the centre, as with 16 intervals before, the
+terms alternate and the last interval loses a factor e^(t/K) ≈ 100 of relative accuracy to f32
+rounding). GELU_C = 0.5 + 2^-20 puts t = 0 at s = -1 of interval 1 (j = round-to-even of
+t·K + 1/2 would give 0 there).
 
 Each interval is fitted for relative error (minimax by Lawson's iteration on Chebyshev points),
 then the coefficients are rounded to f32 one at a time from the highest degree, refitting the lower
@@ -20,9 +29,11 @@ import numpy as np
 f32 = np.float32
 
 T = 6.0          # past this, Φ(-t) < 1e-9: GELU(x) = x (x > 0) or -0 (x < 0)
-N = 16           # intervals (one 16-lane permute per coefficient on AVX-512)
-D = 7            # degree
-K = float(f32((N - 0.5) / T))  # the f32 value the kernels multiply by
+N = 8            # intervals (one 8-lane permute per coefficient)
+D = 9            # degree
+K = float(f32(N / T))          # the f32 values the kernels use
+C = float(f32(0.5 + 2.0**-20))
+U_END = N + 0.5  # u = t·K + C at t = T
 
 
 def q(t):
@@ -30,10 +41,11 @@ def q(t):
 
 
 def interval_points(j, n=400):
-    lo = 0.0 if j == 0 else -0.5
+    # s in [-1, 0], a hair wider (rounding of s) except at t = 0, where s = -1 exactly.
+    ext = 1.0 if j == 1 else 1.0001
     k = np.arange(n)
-    s = (lo + 0.5) / 2 + (0.5 - lo) / 2 * np.cos(np.pi * (k + 0.5) / n)
-    t = (j + s) / K
+    s = -0.5 + 0.5 * ext * np.cos(np.pi * (k + 0.5) / n)
+    t = np.maximum((j + s) / K, 0.0)
     return s, np.array([q(v) for v in t])
 
 
@@ -71,36 +83,37 @@ def fma(a, b, c):
 def gelu32(x, table):
     x = f32(x)
     t = f32(abs(x))
-    u = f32(t * f32(K))
-    if not u < f32(N - 0.5):
+    u = fma(t, K, C)
+    if not u < f32(U_END):
         return x if x > 0 else f32(-0.0) * x
     j = int(np.rint(u))  # round half to even, as the magic-number add
-    # s = t·K - j exactly up to one rounding: u's own rounding error (t·K - u, exact by FMA)
-    # added back, or it would cost t·ulp(u)/K relative (7e-7 at x = -4).
-    e = f32(float(t) * K - float(u))
-    s = f32(f32(u - f32(j)) + e)
-    p = table[D][j]
+    s = fma(t, K, -j)
+    p = table[D][j % N]
     for k in range(D - 1, -1, -1):
-        p = fma(p, s, table[k][j])
+        p = fma(p, s, table[k][j % N])
     return fma(-x, p, x) if x > 0 else f32(x * p)
 
 
 def main():
-    cols = [fit(j) for j in range(N)]
-    table = [[cols[j][k] for j in range(N)] for k in range(D + 1)]
+    cols = {j: fit(j) for j in range(1, N + 1)}
+    # Table index j mod 8: interval 8 sits at index 0 (t = 0 is in interval 1).
+    table = [[cols[i if i else N][k] for i in range(N)] for k in range(D + 1)]
+
     def lit(v):  # the shortest literal that reads back as this f32
         return np.format_float_scientific(f32(v), unique=True, trim="0").replace("e+", "e")
 
     print(f"    pub const GELU_K: f32 = {lit(K)};")
+    print(f"    pub const GELU_C: f32 = {lit(C)};")
     print(f"    pub const GELU_Q: [[f32; {N}]; {D + 1}] = [")
     for row in table:
         print("        [" + ", ".join(lit(v) for v in row) + "],")
     print("    ];")
+    print(f"    pub const GELU_U_END: f32 = {lit(U_END)};")
     worst = {"x > 0": (0, 0), "-4 < x <= 0": (0, 0), f"-{T} < x <= -4": (0, 0)}
     for x in np.linspace(-T, 10, 400001).astype(f32):
         r = float(x) * q(-float(x))
-        if r == 0 or not f32(abs(x) * f32(K)) < f32(N - 0.5):
-            continue  # past GELU_T: -0 by design
+        if r == 0 or not fma(abs(x), K, C) < f32(U_END):
+            continue  # past T: -0 by design
         e = abs(float(gelu32(x, table)) - r) / abs(r)
         key = "x > 0" if x > 0 else ("-4 < x <= 0" if x > -4 else f"-{T} < x <= -4")
         if e > worst[key][0]:

@@ -113,8 +113,8 @@ unsafe impl Lanes for f32 {
         f32::from_bits(self.to_bits() << 23)
     }
     #[inline(always)]
-    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
-        table[(idx.to_bits() & 15) as usize]
+    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
+        table[(idx.to_bits() & 7) as usize]
     }
 }
 
@@ -163,9 +163,9 @@ pub(crate) unsafe trait Lanes: Copy {
     unsafe fn all(m: Self::Mask) -> bool;
     /// The bits of each lane shifted left by 23 (an integer `n + 127` in the low bits becomes 2ⁿ).
     unsafe fn shl23(self) -> Self;
-    /// `table[bits & 15]` per lane, `bits` the lane's bit pattern in `idx` (a table lookup by
-    /// permutes: one `vpermps` at 16 lanes, two and a blend at 8).
-    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self;
+    /// `table[bits & 7]` per lane, `bits` the lane's bit pattern in `idx` (a table lookup by one
+    /// `vpermps` at both widths; 8 entries because 16 cost AVX2 two permutes and a blend).
+    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -265,14 +265,9 @@ unsafe impl Lanes for __m256 {
         unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(self))) }
     }
     #[inline(always)]
-    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
-        unsafe {
-            let i = _mm256_castps_si256(idx);
-            // vpermps reads the low 3 bits; bit 3 picks the half (moved to the sign for blendv).
-            let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), i);
-            let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr().add(8)), i);
-            _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(i)))
-        }
+    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
+        // vpermps ymm reads the low 3 bits of each index.
+        unsafe { _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), _mm256_castps_si256(idx)) }
     }
 }
 
@@ -381,8 +376,13 @@ unsafe impl Lanes for __m512 {
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(self))) }
     }
     #[inline(always)]
-    unsafe fn lookup16(idx: Self, table: &[f32; 16]) -> Self {
-        // vpermps zmm reads the low 4 bits of each index.
-        unsafe { _mm512_permutexvar_ps(_mm512_castps_si512(idx), _mm512_loadu_ps(table.as_ptr())) }
+    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
+        // vpermps zmm reads the low 4 bits of each index: the table is doubled so that both
+        // halves hold it (a constant, which LLVM folds into one 64-byte load).
+        unsafe {
+            let t = _mm512_castps256_ps512(_mm256_loadu_ps(table.as_ptr()));
+            let t = _mm512_shuffle_f32x4::<0x44>(t, t);
+            _mm512_permutexvar_ps(_mm512_castps_si512(idx), t)
+        }
     }
 }

@@ -16,9 +16,9 @@
 //! - `sigmoid(x) = 1/(1+exp(-x))`, `silu(x) = x·sigmoid(x)`, `gelu_erf(x) = x/2·(1+erf(x/√2))`,
 //!   `gelu_tanh(x) = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`. The GELUs avoid the cancellation of
 //!   `1 + erf` / `1 + tanh` for negative x and need one branch only: `gelu_erf(x) = x·q(|x|)`
-//!   (x ≤ 0) or `x - x·q(|x|)` (x > 0) with `q(t) = Φ(-t)` a piecewise polynomial (16 intervals
-//!   of [0, 6], degree 7, coefficients looked up by permutes: no division and no exp, about 30
-//!   vector operations, half of the erfc form it replaced; fitted by `scripts/fit_gelu.py`), and
+//!   (x ≤ 0) or `x - x·q(|x|)` (x > 0) with `q(t) = Φ(-t)` a piecewise polynomial (8 intervals
+//!   of [0, 6], degree 9, each coefficient looked up by one 8-lane permute: no division and no
+//!   exp, about 30 vector operations at either width; fitted by `scripts/fit_gelu.py`), and
 //!   q = 0 past 6, where Φ(-6) = 1e-9; `gelu_tanh(x) = x/(1 + exp(-2u))`.
 //!
 //! Maximum errors against f64, measured by `tests/math.rs` (every 257th f32 bit pattern of the range,
@@ -32,7 +32,7 @@
 //! | tanh | [-12, 12] | 8.8e-8 | 6.1e-8 |
 //! | sigmoid | [-87, 87] | 1.4e-7 | 8.9e-8 |
 //! | silu | [-87, 87] | 1.6e-7 | 1.3e-6 (at x≈14) |
-//! | gelu_erf | [-6, 10] / below -6 | 3.9e-7 / – (-0) | 2.4e-7 (at x≈4.1) / 5.9e-9 |
+//! | gelu_erf | [-6, 10] / below -6 | 4.1e-7 / – (-0) | 2.4e-7 (at x≈4.1) / 5.9e-9 |
 //! | gelu_tanh | [-3, 10] / [-10, 10] | 8.4e-7 / 1.2e-5 (tail cond. ≈ 2u) | 5.2e-7 (at x≈4.7) |
 //!
 //! NaN inputs give NaN outputs. SiLU and both GELUs follow their defining f32 formulas in the
@@ -155,24 +155,28 @@ pub mod coeffs {
         -1.6410781e-01,
         7.4204974e-02,
     ];
-    /// GELU (erf form) as `x·q(|x|)` / `x - x·q(|x|)` with `q(t) = Φ(-t)` tabulated: `u = t·GELU_K`
-    /// rounds to the interval j in 0..16 (`u < GELU_U_END`; past it q = 0), `s = t·GELU_K - j`
-    /// in [-0.5, 0.5] and `q ≈ Σ GELU_Q[k][j]·s^k`. Fitted and checked by `scripts/fit_gelu.py`
-    /// (relative error of the f32 evaluation: 9.7e-8 for x > 0, 2.5e-7 on (-4, 0], 4.3e-7 on
-    /// (-6, -4]).
-    pub const GELU_K: f32 = 2.5833333e00;
-    pub const GELU_Q: [[f32; 16]; 8] = [
-        [5.0e-01, 3.493423e-01, 2.1940817e-01, 1.2276192e-01, 6.076456e-02, 2.646547e-02, 1.0100844e-02, 3.3674329e-03, 9.781938e-04, 2.4710875e-04, 5.4202043e-05, 1.0310217e-05, 1.6990531e-06, 2.4236786e-07, 2.9907216e-08, 3.1905314e-09],
-        [-1.5442927e-01, -1.4328194e-01, -1.1443974e-01, -7.86839e-02, -4.6571318e-02, -2.3728745e-02, -1.0407697e-02, -3.9296886e-03, -1.2772774e-03, -3.5738465e-04, -8.608158e-05, -1.7848764e-05, -3.1858822e-06, -4.8952506e-07, -6.475061e-08, -7.3728685e-09],
-        [1.1807887e-10, 1.0734963e-02, 1.7148098e-02, 1.7685456e-02, 1.3956858e-02, 8.889021e-03, 4.67859e-03, 2.0609396e-03, 7.655689e-04, 2.4098362e-04, 6.449401e-05, 1.47099145e-05, 2.8643137e-06, 4.7679143e-07, 6.7917675e-08, 8.285903e-09],
-        [3.8567137e-03, 3.042131e-03, 1.1449906e-03, -6.850073e-04, -1.625395e-03, -1.6273411e-03, -1.142195e-03, -6.2243856e-04, -2.7401038e-04, -9.940452e-05, -3.0063633e-05, -7.636253e-06, -1.6372207e-06, -2.9736083e-07, -4.5874195e-08, -6.023468e-09],
-        [7.1863018e-09, -3.8204365e-04, -5.1403046e-04, -3.6469332e-04, -1.0500978e-04, 8.280954e-05, 1.3988295e-04, 1.1175196e-04, 6.2999614e-05, 2.7496186e-05, 9.6513795e-06, 2.7791752e-06, 6.643753e-07, 1.3287885e-07, 2.2355751e-08, 3.1763026e-09],
-        [-8.671418e-05, -5.6922174e-05, 5.077274e-06, 4.8182894e-05, 4.911631e-05, 2.4165362e-05, 5.202768e-07, -9.451187e-06, -8.943904e-06, -5.1815964e-06, -2.2168506e-06, -7.447695e-07, -2.0225728e-07, -4.5134435e-08, -8.362565e-09, -1.2955929e-09],
-        [5.9079994e-08, 8.975066e-06, 9.94643e-06, 3.677169e-06, -2.763361e-06, -4.638546e-06, -2.869743e-06, -5.919253e-07, 5.1930965e-07, 6.126808e-07, 3.61362e-07, 1.5001963e-07, 4.7860325e-08, 1.21862245e-08, 2.5276694e-09, 4.325161e-10],
-        [1.4922074e-06, 8.076947e-07, -5.20869e-07, -1.0859894e-06, -6.249668e-07, 7.241652e-08, 3.5680426e-07, 2.5148802e-07, 6.694904e-08, -2.6347976e-08, -3.722315e-08, -2.1397614e-08, -8.343357e-09, -2.4591684e-09, -5.7269534e-10, -1.0786635e-10],
+    /// GELU (erf form) as `x·q(|x|)` / `x - x·q(|x|)` with `q(t) = Φ(-t)` tabulated on [0, 6) in
+    /// 8 intervals (one 8-lane permute per coefficient on AVX2): `u = t·GELU_K + GELU_C` rounds to
+    /// the interval j in 1..=8 (`u < GELU_U_END`; past it, |x| ≥ 6 where Φ(-6) = 9.9e-10, q = 0),
+    /// `s = t·GELU_K - j` in [-1, 0] and `q ≈ Σ GELU_Q[k][j mod 8]·s^k`, expanded at each
+    /// interval's right end so Horner's terms do not cancel. Fitted and checked by
+    /// `scripts/fit_gelu.py` (relative error of the f32 evaluation: 1.1e-7 for x > 0, 2.4e-7 on
+    /// (-4, 0], 4.4e-7 on (-6, -4]).
+    pub const GELU_K: f32 = 1.3333334e00;
+    pub const GELU_C: f32 = 5.0000095e-01;
+    pub const GELU_Q: [[f32; 8]; 10] = [
+        [9.865886e-10, 2.2662736e-01, 6.68072e-02, 1.2224475e-02, 1.3498984e-03, 8.841733e-05, 3.3976753e-06, 7.6049666e-08],
+        [-4.5569695e-09, -2.2585307e-01, -9.71382e-02, -2.3804741e-02, -3.323887e-03, -2.6444686e-04, -1.19878105e-05, -3.0963588e-07],
+        [1.0250694e-08, 6.3521154e-02, 5.4640237e-02, 2.0085253e-02, 3.739371e-03, 3.7187865e-04, 2.0229518e-05, 6.0958104e-07],
+        [-1.4991887e-08, 9.263289e-03, -1.1383322e-02, -9.06622e-03, -2.492944e-03, -3.2383986e-04, -2.1632937e-05, -7.712935e-07],
+        [1.5539669e-08, -7.259266e-03, -1.9205159e-03, 1.9420898e-03, 1.0514866e-03, 1.928718e-04, 1.6367343e-05, 7.000337e-07],
+        [-1.4450015e-08, 2.9132523e-05, 1.3944933e-03, 1.10558e-04, -2.6379002e-04, -8.100576e-05, -9.174106e-06, -4.958594e-07],
+        [4.7880064e-09, 5.274605e-04, -1.1241864e-04, -1.7433625e-04, 1.761331e-05, 2.3946508e-05, 4.0599416e-06, 2.45685e-07],
+        [-1.055225e-08, -6.556066e-05, -6.700626e-05, 3.7912487e-05, 8.1765875e-06, -3.4428765e-06, -1.1409031e-06, -1.5237893e-07],
+        [-3.1949732e-09, -4.6508743e-05, 2.4887664e-05, 4.9846135e-06, -6.991527e-06, 5.7081644e-07, 4.2845286e-07, 9.48963e-09],
+        [-3.12855e-09, -3.588066e-06, 6.075116e-06, -2.250255e-06, -6.5248844e-07, 5.220374e-07, 1.3618041e-09, -2.7668442e-08],
     ];
-    /// `u` at the end of the last interval: |x| ≥ 6 (Φ(-6) = 9.9e-10).
-    pub const GELU_U_END: f32 = 15.5;
+    pub const GELU_U_END: f32 = 8.5e00;
 
     pub const TANH_CLAMP: f32 = 9.0;
     /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
@@ -469,14 +473,14 @@ pub(crate) mod simd {
         unsafe {
             let t = x.abs();
             let k = V::splat(GELU_K);
-            let u = t.mul(k);
+            let u = t.fmadd(k, V::splat(GELU_C));
             // The low mantissa bits of r hold j = round(u): the interval, and the table index.
             let magic = V::splat(ROUND_MAGIC);
             let r = u.add(magic);
-            let s = u.sub(r.sub(magic)).add(t.fmsub(k, u));
-            let mut q = V::lookup16(r, &GELU_Q[GELU_Q.len() - 1]);
+            let s = t.fmsub(k, r.sub(magic));
+            let mut q = V::lookup8(r, &GELU_Q[GELU_Q.len() - 1]);
             for c in GELU_Q.iter().rev().skip(1) {
-                q = q.fmadd(s, V::lookup16(r, c));
+                q = q.fmadd(s, V::lookup8(r, c));
             }
             // Past the table (and for NaN or inf): q = 0.
             let q = q.zero_unless(u.lt(V::splat(GELU_U_END)));
