@@ -523,7 +523,8 @@ mod scalar {
 mod avx2 {
     //! AVX2+FMA versions. `Arch::for_isa` hands these out only after runtime detection.
     use super::*;
-    use crate::math::avx2::{act8, tail_mask};
+    use crate::math::avx2::tail_mask;
+    use crate::math::simd;
     use std::arch::x86_64::*;
 
     const NV: usize = NR / 8;
@@ -643,23 +644,24 @@ mod avx2 {
         post: Option<TilePost>,
     ) {
         let alpha_v = _mm256_set1_ps(alpha);
-        let all = _mm256_set1_epi32(-1);
         if mr == R && nr == NR {
+            if let Some(t) = post {
+                for (i, row) in acc.iter().enumerate() {
+                    // SAFETY: full tile: row i < R.
+                    unsafe { store_row_post(row, i, c, ldc, alpha_v, beta, t) };
+                }
+                return;
+            }
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
-                    // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR, and the tile's
-                    // epilogue operands there.
+                    // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR.
                     unsafe {
                         let p = c.add(i * ldc + v * 8);
-                        let mut r = if beta {
+                        let r = if beta {
                             _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
                         } else {
                             _mm256_mul_ps(x, alpha_v)
                         };
-                        if let Some(t) = post {
-                            let (bp, rp) = t.operands(i, v * 8);
-                            r = post8::<false>(r, all, bp, rp, t.act);
-                        }
                         _mm256_storeu_ps(p, r);
                     }
                 }
@@ -688,13 +690,47 @@ mod avx2 {
                             _mm256_mul_ps(x, alpha_v)
                         };
                         if let Some(t) = post {
-                            let (bp, rp) = t.operands(i, col);
-                            r = post8::<true>(r, m, bp, rp, t.act);
+                            r = post8::<true, 1>([r], m, [t.operands(i, col)], t.act)[0];
                         }
                         _mm256_maskstore_ps(p, m, r);
                     }
                     col += 8;
                 }
+            }
+        }
+    }
+
+    /// Stores row `i` of a full tile with its epilogue, the row's NV vectors through one
+    /// [`post8`] so that their activations run side by side. (Measured on a Zen 4, AVX2 tile,
+    /// 1024×384·384×1536 + bias + GELU: 83–84% of the FMA peak one vector at a time, 86–87% a
+    /// row at a time, 84–85% two rows at a time, which LLVM schedules with the ten table rows
+    /// held in registers and the accumulators spilled.)
+    ///
+    /// # Safety
+    /// AVX2 present; `c` and the epilogue operands as in [`store_tile`] for a full tile, i < MR.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store_row_post(
+        row: &[__m256; NV],
+        i: usize,
+        c: *mut f32,
+        ldc: usize,
+        alpha_v: __m256,
+        beta: bool,
+        t: TilePost,
+    ) {
+        // SAFETY: the caller's contract; columns w*8..w*8+8 <= NR of row i.
+        unsafe {
+            let mut v = [alpha_v; NV];
+            let mut ops = [(std::ptr::null(), std::ptr::null()); NV];
+            for w in 0..NV {
+                let p = c.add(i * ldc + w * 8);
+                v[w] = if beta { _mm256_fmadd_ps(row[w], alpha_v, _mm256_loadu_ps(p)) } else { _mm256_mul_ps(row[w], alpha_v) };
+                ops[w] = t.operands(i, w * 8);
+            }
+            let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act);
+            for (w, &x) in v.iter().enumerate() {
+                _mm256_storeu_ps(c.add(i * ldc + w * 8), x);
             }
         }
     }
@@ -874,37 +910,44 @@ mod avx2 {
                 let cp = c.add(i * ldc);
                 let mut j = 0;
                 while j + 8 <= cols {
-                    let (bp, rp) = e.operands(i, row0, col0 + j);
-                    let v = post8::<false>(_mm256_loadu_ps(cp.add(j)), all, bp, rp, act);
+                    let v = post8::<false, 1>([_mm256_loadu_ps(cp.add(j))], all, [e.operands(i, row0, col0 + j)], act)[0];
                     _mm256_storeu_ps(cp.add(j), v);
                     j += 8;
                 }
                 if j < cols {
                     let m = tail_mask(cols - j);
-                    let (bp, rp) = e.operands(i, row0, col0 + j);
-                    let v = post8::<true>(_mm256_maskload_ps(cp.add(j), m), m, bp, rp, act);
+                    let v = post8::<true, 1>([_mm256_maskload_ps(cp.add(j), m)], m, [e.operands(i, row0, col0 + j)], act)[0];
                     _mm256_maskstore_ps(cp.add(j), m, v);
                 }
             }
         }
     }
 
-    /// One vector of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
-    /// null), their lanes loaded under `m` when `MASKED`. The one definition the separate pass
-    /// and the tile store share.
+    /// K vectors of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
+    /// null), their lanes loaded under `m` when `MASKED`; the K activations side by side
+    /// (`simd::act_n`). The one definition the separate pass and the tile store share.
     ///
     /// # Safety
     /// AVX2+FMA present; `bp`/`rp` null or readable for 8 floats (the lanes of `m` when `MASKED`).
     #[inline(always)]
-    unsafe fn post8<const MASKED: bool>(mut v: __m256, m: __m256i, bp: *const f32, rp: *const f32, act: Activation) -> __m256 {
+    unsafe fn post8<const MASKED: bool, const K: usize>(
+        mut v: [__m256; K],
+        m: __m256i,
+        ops: [(*const f32, *const f32); K],
+        act: Activation,
+    ) -> [__m256; K] {
         // SAFETY: the caller's contract.
         unsafe {
-            if !bp.is_null() {
-                v = _mm256_add_ps(v, if MASKED { _mm256_maskload_ps(bp, m) } else { _mm256_loadu_ps(bp) });
+            for (x, &(bp, _)) in v.iter_mut().zip(&ops) {
+                if !bp.is_null() {
+                    *x = _mm256_add_ps(*x, if MASKED { _mm256_maskload_ps(bp, m) } else { _mm256_loadu_ps(bp) });
+                }
             }
-            v = act8(act, v);
-            if !rp.is_null() {
-                v = _mm256_add_ps(v, if MASKED { _mm256_maskload_ps(rp, m) } else { _mm256_loadu_ps(rp) });
+            v = simd::act_n(act, v);
+            for (x, &(_, rp)) in v.iter_mut().zip(&ops) {
+                if !rp.is_null() {
+                    *x = _mm256_add_ps(*x, if MASKED { _mm256_maskload_ps(rp, m) } else { _mm256_loadu_ps(rp) });
+                }
             }
             v
         }
@@ -999,7 +1042,7 @@ mod avx512 {
                     let w = (cols - j).min(16);
                     let m: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
                     let (bp, rp) = e.operands(i, row0, col0 + j);
-                    let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act);
+                    let v = post16([_mm512_maskz_loadu_ps(m, cp.add(j))], [m], [(bp, rp)], act)[0];
                     _mm512_mask_storeu_ps(cp.add(j), m, v);
                     j += 16;
                 }
@@ -1007,21 +1050,31 @@ mod avx512 {
         }
     }
 
-    /// One vector of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
-    /// null, their lanes loaded under `m`); shared by the separate pass and the tile store.
+    /// K vectors of the epilogue: `act(v + bias) + residual` (bias and residual, `ops`, skipped
+    /// where null, their lanes loaded under `m`), the K activations side by side
+    /// (`simd::act_n`); shared by the separate pass and the tile store.
     ///
     /// # Safety
-    /// AVX-512F present; `bp`/`rp` null or readable in the lanes of `m`.
+    /// AVX-512F present; each vector's bias/residual null or readable in the lanes of its mask.
     #[inline(always)]
-    unsafe fn post16(mut v: __m512, m: __mmask16, bp: *const f32, rp: *const f32, act: Activation) -> __m512 {
+    unsafe fn post16<const K: usize>(
+        mut v: [__m512; K],
+        m: [__mmask16; K],
+        ops: [(*const f32, *const f32); K],
+        act: Activation,
+    ) -> [__m512; K] {
         // SAFETY: the caller's contract.
         unsafe {
-            if !bp.is_null() {
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bp));
+            for ((x, &(bp, _)), &mi) in v.iter_mut().zip(&ops).zip(&m) {
+                if !bp.is_null() {
+                    *x = _mm512_add_ps(*x, _mm512_maskz_loadu_ps(mi, bp));
+                }
             }
-            v = crate::math::simd::act(act, v);
-            if !rp.is_null() {
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rp));
+            v = crate::math::simd::act_n(act, v);
+            for ((x, &(_, rp)), &mi) in v.iter_mut().zip(&ops).zip(&m) {
+                if !rp.is_null() {
+                    *x = _mm512_add_ps(*x, _mm512_maskz_loadu_ps(mi, rp));
+                }
             }
             v
         }
@@ -1111,29 +1164,37 @@ mod avx512 {
             if i >= mr {
                 break;
             }
+            // The row's P vectors together, so that their activations run side by side
+            // (`post16`); a vector past nr has mask 0 (masked loads do not fault, the store
+            // writes nothing).
+            let mut m = [0 as __mmask16; P];
+            let mut r = *row;
+            let mut ops = [(std::ptr::null(), std::ptr::null()); P];
             for (v, &x) in row.iter().enumerate() {
                 let col = v * NR;
-                if col >= nr {
-                    break;
-                }
-                let w = (nr - col).min(NR);
-                let m: __mmask16 = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
-                // SAFETY: masked lanes cover only columns < nr of row i < mr, and the tile's
-                // epilogue operands there.
+                let w = nr.saturating_sub(col).min(NR);
+                m[v] = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
+                // SAFETY: masked lanes cover only columns < nr of row i < mr.
                 unsafe {
                     let cp = c.add(i * ldc + col);
                     // Same operations per element as the AVX2 tile's store (bitwise equal).
-                    let mut r = if beta {
-                        _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m, cp))
+                    r[v] = if beta {
+                        _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m[v], cp))
                     } else {
                         _mm512_mul_ps(x, alpha_v)
                     };
-                    if let Some(t) = post {
-                        let (bp, rp) = t.operands(i, col);
-                        r = post16(r, m, bp, rp, t.act);
+                    if let (Some(t), true) = (post, col < nr) {
+                        ops[v] = t.operands(i, col);
                     }
-                    _mm512_mask_storeu_ps(cp, m, r);
                 }
+            }
+            if let Some(t) = post {
+                // SAFETY: the tile's epilogue operands under the masks.
+                r = unsafe { post16(r, m, ops, t.act) };
+            }
+            for v in 0..P {
+                // SAFETY: as above.
+                unsafe { _mm512_mask_storeu_ps(c.add(i * ldc + v * NR), m[v], r[v]) };
             }
         }
     }

@@ -470,24 +470,47 @@ pub(crate) mod simd {
     /// same definition at one lane.
     #[inline(always)]
     pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
+        unsafe { gelu_erf_n([x])[0] }
+    }
+
+    /// [`gelu_erf`] of K vectors at once, each step done for all K before the next: the table
+    /// polynomial is a chain of 10 dependent permute+FMA steps, and with one vector at a time
+    /// the out-of-order window fills with ops waiting on that chain (in a GEMM tile's store,
+    /// where it runs, nothing else is left to overlap). K chains side by side keep K times as
+    /// many ops ready. Every element gets exactly the operations of the one-vector form.
+    /// (Plain index loops: closures would not inherit the caller's target features.)
+    #[inline(always)]
+    pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
         unsafe {
-            let t = x.abs();
             let k = V::splat(GELU_K);
-            let u = t.fmadd(k, V::splat(GELU_C));
-            // The low mantissa bits of r hold j = round(u): the interval, and the table index.
             let magic = V::splat(ROUND_MAGIC);
-            let r = u.add(magic);
-            let s = t.fmsub(k, r.sub(magic));
-            let mut q = V::lookup8(r, &GELU_Q[GELU_Q.len() - 1]);
-            for c in GELU_Q.iter().rev().skip(1) {
-                q = q.fmadd(s, V::lookup8(r, c));
+            let (mut u, mut r, mut s) = (x, x, x);
+            for i in 0..K {
+                let t = x[i].abs();
+                u[i] = t.fmadd(k, V::splat(GELU_C));
+                // The low mantissa bits of r hold j = round(u): the interval, and the table index.
+                r[i] = u[i].add(magic);
+                s[i] = t.fmsub(k, r[i].sub(magic));
             }
-            // Past the table (and for NaN or inf): q = 0.
-            let q = q.zero_unless(u.lt(V::splat(GELU_U_END)));
-            // x - x·q for x > 0 (min: +inf·0 would be NaN), x·q otherwise (NaN stays NaN, -inf·0
-            // is NaN, a large negative x gives -0).
-            let pos = x.gt(V::splat(0.0));
-            V::select(pos, x.min(V::splat(f32::MAX)).fnmadd(q, x), x.mul(q))
+            let mut q = x;
+            for i in 0..K {
+                q[i] = V::lookup8(r[i], &GELU_Q[GELU_Q.len() - 1]);
+            }
+            for c in GELU_Q.iter().rev().skip(1) {
+                for i in 0..K {
+                    q[i] = q[i].fmadd(s[i], V::lookup8(r[i], c));
+                }
+            }
+            let mut y = x;
+            for i in 0..K {
+                // Past the table (and for NaN or inf): q = 0.
+                let qi = q[i].zero_unless(u[i].lt(V::splat(GELU_U_END)));
+                // x - x·q for x > 0 (min: +inf·0 would be NaN), x·q otherwise (NaN stays NaN,
+                // -inf·0 is NaN, a large negative x gives -0).
+                let pos = x[i].gt(V::splat(0.0));
+                y[i] = V::select(pos, x[i].min(V::splat(f32::MAX)).fnmadd(qi, x[i]), x[i].mul(qi));
+            }
+            y
         }
     }
 
@@ -514,6 +537,22 @@ pub(crate) mod simd {
                 Activation::Sigmoid => sigmoid(x),
                 Activation::Silu => silu(x),
             }
+        }
+    }
+
+    /// The activation of K vectors: the GELU (erf) side by side ([`gelu_erf_n`]), the others
+    /// one vector after another.
+    #[inline(always)]
+    pub unsafe fn act_n<V: Lanes, const K: usize>(a: Activation, x: [V; K]) -> [V; K] {
+        unsafe {
+            if a == Activation::GeluErf {
+                return gelu_erf_n(x);
+            }
+            let mut y = x;
+            for i in 0..K {
+                y[i] = act(a, x[i]);
+            }
+            y
         }
     }
 }
@@ -621,14 +660,6 @@ pub(crate) mod avx2 {
     pub fn gelu_tanh8(x: __m256) -> __m256 {
         // SAFETY: as above.
         unsafe { simd::gelu_tanh(x) }
-    }
-
-    /// The activation of eight lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub fn act8(act: Activation, x: __m256) -> __m256 {
-        // SAFETY: as above.
-        unsafe { simd::act(act, x) }
     }
 
     /// Lane mask with the first `n` (0..=8) lanes set, for masked loads and stores.
