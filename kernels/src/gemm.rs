@@ -630,8 +630,7 @@ mod avx2 {
     ///
     /// # Safety
     /// AVX2 present; `c` writable for mr rows of nr floats at stride ldc.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn store_tile<const R: usize>(
         acc: &[[__m256; NV]; R],
