@@ -701,7 +701,7 @@ mod avx2 {
 
     /// Stores row `i` of a full tile with its epilogue, the row's NV vectors through one
     /// [`post8`] so that their activations run side by side. (Measured on a Zen 4, AVX2 tile,
-    /// 1024×384·384×1536 + bias + GELU: 83–84% of the FMA peak one vector at a time, 86–87% a
+    /// 1024×384·384×1536 + bias + GELU: 83–84% of the FMA peak one vector at a time, 85–87% a
     /// row at a time, 84–85% two rows at a time, which LLVM schedules with the ten table rows
     /// held in registers and the accumulators spilled.)
     ///
@@ -1173,9 +1173,10 @@ mod avx512 {
                 let col = v * NR;
                 let w = nr.saturating_sub(col).min(NR);
                 m[v] = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
-                // SAFETY: masked lanes cover only columns < nr of row i < mr.
+                // SAFETY: masked lanes cover only columns < nr of row i < mr (`wrapping_add`: for a
+                // vector past nr the address may lie outside C, and nothing is read there).
                 unsafe {
-                    let cp = c.add(i * ldc + col);
+                    let cp = c.wrapping_add(i * ldc + col);
                     // Same operations per element as the AVX2 tile's store (bitwise equal).
                     r[v] = if beta {
                         _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m[v], cp))
@@ -1192,8 +1193,8 @@ mod avx512 {
                 r = unsafe { post16(r, m, ops, t.act) };
             }
             for v in 0..P {
-                // SAFETY: as above.
-                unsafe { _mm512_mask_storeu_ps(c.add(i * ldc + v * NR), m[v], r[v]) };
+                // SAFETY: as above; a vector past nr has mask 0 and writes nothing.
+                unsafe { _mm512_mask_storeu_ps(c.wrapping_add(i * ldc + v * NR), m[v], r[v]) };
             }
         }
     }
