@@ -11,8 +11,8 @@ q ≈ Σ_k GELU_Q[k][j mod 8]·s^k (degree D = 9). Then GELU(x) = x·q for x ≤
 x > 0 (no 1 + erf cancellation), and q = 0 past T.
 
 Each interval's polynomial is expanded at its right end, where q is smallest: q falls like
-e^(-t·s/K) across an interval, and about that end the terms c_k·s^k all share a sign, so Horner's
-partial sums never exceed the result (expanded at the centre, as with 16 intervals before, the
+e^(-t·s/K) across an interval, and about that end its leading terms c_k·s^k share a sign, so
+Horner's partial sums stay about the result's size (expanded at the centre, as with 16 intervals before, the
 terms alternate and the last interval loses a factor e^(t/K) ≈ 100 of relative accuracy to f32
 rounding). GELU_C = 0.5 + 2^-20 puts t = 0 at s = -1 of interval 1 (j = round-to-even of
 t·K + 1/2 would give 0 there).

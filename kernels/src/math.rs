@@ -159,7 +159,7 @@ pub mod coeffs {
     /// 8 intervals (one 8-lane permute per coefficient on AVX2): `u = t·GELU_K + GELU_C` rounds to
     /// the interval j in 1..=8 (`u < GELU_U_END`; past it, |x| ≥ 6 where Φ(-6) = 9.9e-10, q = 0),
     /// `s = t·GELU_K - j` in [-1, 0] and `q ≈ Σ GELU_Q[k][j mod 8]·s^k`, expanded at each
-    /// interval's right end so Horner's terms do not cancel. Fitted and checked by
+    /// interval's right end so Horner's leading terms do not cancel. Fitted and checked by
     /// `scripts/fit_gelu.py` (relative error of the f32 evaluation: 1.1e-7 for x > 0, 2.4e-7 on
     /// (-4, 0], 4.4e-7 on (-6, -4]).
     pub const GELU_K: f32 = 1.3333334e00;
