@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -149,19 +148,40 @@ async fn metrics_text(State(app): State<Arc<App>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
-/// The body bytes, or the extractor's refusal (too large, unreadable) as a JSON error.
-fn body(b: std::result::Result<Bytes, BytesRejection>) -> std::result::Result<Bytes, ApiError> {
-    b.map_err(|r| {
-        let status = r.status();
-        let kind = if status == StatusCode::PAYLOAD_TOO_LARGE { "validation" } else { "request" };
-        ApiError::new(status, kind, r.body_text())
-    })
+/// Request bodies larger than this are refused with 413 (axum's default limit, kept).
+const BODY_LIMIT: usize = 2 << 20;
+/// An oversized body is still read, and dropped, up to this many bytes before the 413 goes out.
+const BODY_DRAIN: usize = 4 * BODY_LIMIT;
+
+/// The request body, at most [`BODY_LIMIT`] bytes, or a JSON error. An oversized body is read to
+/// its end (up to [`BODY_DRAIN`]) before the refusal: answering while the client is still
+/// sending makes hyper close the connection under it, and the client may then lose the 413 to
+/// the reset (`tests/serve.rs` saw that as an occasional `IncompleteMessage`). Past
+/// `BODY_DRAIN` the refusal goes out at once. (axum's `Bytes` extractor refuses early, hence this
+/// reader; hyper has no lingering close of its own.)
+async fn read_body(mut b: Body) -> std::result::Result<Bytes, ApiError> {
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut b).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "request", format!("Failed to read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        seen += data.len();
+        if seen <= BODY_LIMIT {
+            buf.extend_from_slice(&data);
+        } else if seen > BODY_DRAIN {
+            break;
+        }
+    }
+    if seen > BODY_LIMIT {
+        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "validation", "Failed to buffer the request body: length limit exceeded"));
+    }
+    Ok(Bytes::from(buf))
 }
 
 /// `POST /embed`: `{"inputs": "text" | [...], "normalize": true, "truncate": false}` →
 /// `[[f32, ...], ...]`.
-async fn embed(State(app): State<Arc<App>>, b: std::result::Result<Bytes, BytesRejection>) -> std::result::Result<Response, ApiError> {
-    let obj = api::object(&body(b)?)?;
+async fn embed(State(app): State<Arc<App>>, b: Body) -> std::result::Result<Response, ApiError> {
+    let obj = api::object(&read_body(b).await?)?;
     let texts = api::texts(&obj, "inputs")?;
     let normalize = api::flag(&obj, "normalize", true)?;
     let truncate = api::flag(&obj, "truncate", false)?;
@@ -170,8 +190,8 @@ async fn embed(State(app): State<Arc<App>>, b: std::result::Result<Bytes, BytesR
 }
 
 /// `POST /v1/embeddings`: OpenAI's request and response shapes.
-async fn openai(State(app): State<Arc<App>>, b: std::result::Result<Bytes, BytesRejection>) -> std::result::Result<Response, ApiError> {
-    let obj = api::object(&body(b)?)?;
+async fn openai(State(app): State<Arc<App>>, b: Body) -> std::result::Result<Response, ApiError> {
+    let obj = api::object(&read_body(b).await?)?;
     let texts = api::texts(&obj, "input")?;
     let format = api::encoding(&obj)?;
     api::string(&obj, "model")?;
