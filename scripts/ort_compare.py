@@ -13,6 +13,10 @@ Usage: python3 scripts/ort_compare.py [--model DIR | --onnx FILE] [--buckets 1x1
                                       [--threads 2] [--runs 30] [--rounds 3] [--kiln target/release/kiln]
        python3 scripts/ort_compare.py --write-onnx PATH [--legacy]   (only write the graph)
 
+With --isa avx2 both sides run as on an AVX2-only machine: scripts/cpuid_no_avx512.c (built into
+target/) hides AVX-512 from CPUID in this process before onnxruntime loads and, as LD_PRELOAD, in
+each `kiln bench`, so MLAS and kiln both pick their AVX2 kernels (needs Linux CPUID faulting).
+
 With --onnx FILE both sides run that file: onnxruntime loads it, kiln imports it
 (`kiln bench --onnx FILE`); the inputs are the model's own (ids, an all-ones mask, zero token types).
 
@@ -34,13 +38,11 @@ VENV = os.path.join(ROOT, "target", "ort-venv")
 
 
 def ensure_deps():
-    try:
-        import numpy  # noqa: F401
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+    import importlib.util
+
+    # find_spec, not import: onnxruntime must load after the CPUID shim's count is taken (main)
+    if all(importlib.util.find_spec(m) for m in ("numpy", "onnx", "onnxruntime")):
         return
-    except ImportError:
-        pass
     py = os.path.join(VENV, "bin", "python")
     if os.path.abspath(sys.executable) == os.path.abspath(py):
         sys.exit("onnx/onnxruntime/numpy still missing inside " + VENV)
@@ -49,6 +51,18 @@ def ensure_deps():
         subprocess.check_call([sys.executable, "-m", "venv", VENV])
     subprocess.check_call([py, "-m", "pip", "install", "-q", "onnx", "onnxruntime", "numpy"])
     os.execv(py, [py] + sys.argv)
+
+
+def hide_avx512():
+    """Load the CPUID shim into this process (before onnxruntime); returns (library, .so path)."""
+    import ctypes
+
+    src = os.path.join(ROOT, "scripts", "cpuid_no_avx512.c")
+    so = os.path.join(ROOT, "target", "cpuid_no_avx512.so")
+    if not os.path.exists(so) or os.path.getmtime(so) < os.path.getmtime(src):
+        os.makedirs(os.path.dirname(so), exist_ok=True)
+        subprocess.check_call(["cc", "-O2", "-shared", "-fPIC", "-o", so, src])
+    return ctypes.CDLL(so), so
 
 
 def read_safetensors(path):
@@ -219,9 +233,12 @@ def time_ort(sess, batch, seq, runs):
     return ms[len(ms) // 2]
 
 
-def time_kiln(kiln, source, bucket, threads, runs):
+def time_kiln(kiln, source, bucket, threads, runs, preload=None):
     cmd = [kiln, "bench", *source, "--bucket", bucket, "--backend", "cpu", "--threads", str(threads), "--runs", str(runs)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, LD_PRELOAD=preload) if preload else None
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    if preload and "ymm FMA loop" not in out:
+        sys.exit("kiln did not take its AVX2 path under the CPUID shim:\n" + out)
     med = re.search(r"median ([0-9.]+) ms", out)
     low = re.search(r"lowering ([0-9.]+) ms", out)
     if not med:
@@ -230,7 +247,6 @@ def time_kiln(kiln, source, bucket, threads, runs):
 
 
 def main():
-    ensure_deps()
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.environ.get("KILN_MODEL_DIR", os.path.join(ROOT, "models", "all-MiniLM-L6-v2")))
     ap.add_argument("--buckets", default="1x16,1x128,8x128,32x128,1x512")
@@ -241,7 +257,11 @@ def main():
     ap.add_argument("--onnx", help="time this ONNX file on both sides instead of the model kiln builds")
     ap.add_argument("--write-onnx", metavar="PATH", help="only write the ONNX graph built from --model to PATH")
     ap.add_argument("--legacy", action="store_true", help="build it as exporters before opset 17 did (LayerNorm written out)")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: hide AVX-512 from CPUID on both sides (an AVX2-only machine on this one)")
     args = ap.parse_args()
+    shim, preload = hide_avx512() if args.isa == "avx2" else (None, None)
+    ensure_deps()
     if args.write_onnx:
         import onnx
 
@@ -249,8 +269,16 @@ def main():
         return
     if not os.path.exists(args.kiln):
         subprocess.check_call(["cargo", "build", "--release", "--bin", "kiln"], cwd=ROOT)
+    import numpy  # noqa: F401  (loaded first: its own CPUIDs are not onnxruntime's)
+
+    traps = shim.kiln_cpuid_traps() if shim else 0
     import onnxruntime as ort
 
+    if shim:
+        n = shim.kiln_cpuid_traps() - traps
+        if n == 0:
+            sys.exit("onnxruntime ran no CPUID under the shim: cannot tell which kernels it chose")
+        print(f"ISA: AVX-512 hidden from CPUID on both sides ({n} CPUIDs answered while onnxruntime loaded; kiln on its ymm path)")
     if args.onnx:
         sess = session(os.path.abspath(args.onnx), args.threads)
         source = ["--onnx", os.path.abspath(args.onnx)]
@@ -266,7 +294,7 @@ def main():
         best_ort, best_kiln, low = float("inf"), float("inf"), float("nan")
         for _ in range(max(1, args.rounds)):
             best_ort = min(best_ort, time_ort(sess, batch, seq, args.runs))
-            k, low = time_kiln(args.kiln, source, b, args.threads, args.runs)
+            k, low = time_kiln(args.kiln, source, b, args.threads, args.runs, preload)
             best_kiln = min(best_kiln, k)
         print(f"{b:>8} {best_kiln:10.3f} {best_ort:10.3f} {best_kiln / best_ort:9.3f} {low:17.1f}", flush=True)
 
