@@ -270,12 +270,28 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Serve { .. }) {
+        default_sigpipe();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A reader that stops early (`kiln inspect x | head`) ends a one-shot command quietly, as it
+/// ends other Unix filters, instead of a panic in `println!` on the broken pipe: Rust ignores
+/// SIGPIPE, so the write fails and `println!` panics. Sockets are unaffected (std sends with
+/// MSG_NOSIGNAL). `serve` keeps Rust's default: a server outlives whoever reads its output.
+/// (libc directly rather than the one-function `sigpipe` crate: the same single call.)
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: at the start of main, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

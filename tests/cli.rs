@@ -193,3 +193,29 @@ fn bench_profile_shares_add_up() {
     }
     assert!((sum - 100.0).abs() < 0.5, "{line}");
 }
+
+/// A reader that stops early: `kiln inspect` into a closed pipe ends by SIGPIPE like other Unix
+/// filters, with nothing on stderr (it panicked in `println!` before).
+#[test]
+#[cfg(unix)]
+fn a_closed_stdout_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let Some(model) = model_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = tmp.path().join("p.kiln");
+    let (ok, _, err) = kiln(&["compile", "--model", model.to_str().unwrap(), "--bucket", "1x16", "-o", plan.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    // The reader is gone before kiln starts.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["inspect", plan.to_str().unwrap()])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "status {:?}, stderr: {err}", out.status);
+    assert!(err.is_empty(), "stderr: {err}");
+}
