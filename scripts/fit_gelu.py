@@ -20,7 +20,8 @@ t·K + 1/2 would give 0 there).
 Each interval is fitted for relative error (minimax by Lawson's iteration on Chebyshev points),
 then the coefficients are rounded to f32 one at a time from the highest degree, refitting the lower
 ones after each rounding, so the f32 table keeps the f64 fit's accuracy. The last part evaluates
-the f32 table exactly as the kernels do (FMA Horner) on a dense sweep against math.erfc in f64
+the f32 table exactly as the kernels do (E(s²) + s·O(s²), even and odd coefficients in two FMA
+Horner chains; the leading terms share a sign, so E and s·O do too) on a dense sweep against math.erfc in f64
 and prints the worst relative errors.
 """
 import math
@@ -88,9 +89,14 @@ def gelu32(x, table):
         return x if x > 0 else f32(-0.0) * x
     j = int(np.rint(u))  # round half to even, as the magic-number add
     s = fma(t, K, -j)
-    p = table[D][j % N]
-    for k in range(D - 1, -1, -1):
-        p = fma(p, s, table[k][j % N])
+    # q = E(s²) + s·O(s²): even and odd coefficients as two FMA Horner chains in s², as the
+    # kernels evaluate it (D odd: D + 1 coefficients, an even count).
+    s2 = f32(s * s)
+    e, o = table[D - 1][j % N], table[D][j % N]
+    for k in range(D - 3, -1, -2):
+        e = fma(e, s2, table[k][j % N])
+        o = fma(o, s2, table[k + 1][j % N])
+    p = fma(o, s, e)
     return fma(-x, p, x) if x > 0 else f32(x * p)
 
 

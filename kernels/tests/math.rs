@@ -216,7 +216,7 @@ fn sigmoid_silu_sweep() {
 fn gelu_sweep() {
     // Both GELUs are computed without the `1 + erf` / `1 + tanh` cancellation, so the relative
     // error is bounded over the whole range (down to results of 1e-30). The erf GELU's table
-    // ends at |x| = 6 (scripts/fit_gelu.py: 4.4e-7 near -5.5); below -6 it returns -0, an
+    // ends at |x| = 6 (scripts/fit_gelu.py: 4.2e-7 near -5.3); below -6 it returns -0, an
     // absolute error of at most |GELU(-6)| = 5.9e-9.
     let xs = sweep(10.0, 257);
     for isa in isas() {
