@@ -501,7 +501,7 @@ pub(crate) mod simd {
             }
             // q = E(s²) + s·O(s²): the even and the odd coefficients as two Horner chains in
             // s², side by side, joined by one FMA (4 + 1 dependent FMAs after s² instead of 9).
-            const { assert!(GELU_Q.len() % 2 == 0 && GELU_Q.len() >= 4) };
+            const { assert!(GELU_Q.len().is_multiple_of(2) && GELU_Q.len() >= 4) };
             let n = GELU_Q.len();
             let (mut qe, mut qo, mut s2) = (x, x, x);
             for i in 0..K {
