@@ -483,8 +483,8 @@ pub(crate) mod simd {
     /// The degree-9 polynomial is two chains of 4 FMAs in s² (even and odd coefficients) joined
     /// by one, not one chain of 9: one multiply more, about half the latency. Measured on a Zen
     /// 4 (gemm_bench, three alternations): the AVX2 tile's 1024×384·384×1536 + bias + GELU went
-    /// from 77–82% to 84–86% of the FMA peak on 1 thread (79–83% to 85–89% on 2); AVX-512 moved
-    /// by -1 to 0 points. (Full Estrin spilled on AVX2's 16 registers: 65–78%.)
+    /// from 77–83% to 84–87% of the FMA peak on 1 thread (79–83% to 84–89% on 2); AVX-512 lost
+    /// 1–2 points. (Full Estrin spilled on AVX2's 16 registers: 65–78%.)
     /// (Plain index loops: closures would not inherit the caller's target features.)
     #[inline(always)]
     pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
