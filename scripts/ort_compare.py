@@ -61,7 +61,10 @@ def hide_avx512():
     so = os.path.join(ROOT, "target", "cpuid_no_avx512.so")
     if not os.path.exists(so) or os.path.getmtime(so) < os.path.getmtime(src):
         os.makedirs(os.path.dirname(so), exist_ok=True)
-        subprocess.check_call(["cc", "-O2", "-shared", "-fPIC", "-o", so, src])
+        try:
+            subprocess.check_call(["cc", "-O2", "-shared", "-fPIC", "-o", so, src])
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"--isa avx2: building {so} from {src} with cc failed: {e}")
     return ctypes.CDLL(so), so
 
 
