@@ -281,7 +281,7 @@ def main():
         n = shim.kiln_cpuid_traps() - traps
         if n == 0:
             sys.exit("onnxruntime ran no CPUID under the shim: cannot tell which kernels it chose")
-        print(f"ISA: AVX-512 hidden from CPUID on both sides ({n} CPUIDs answered while onnxruntime loaded; kiln on its ymm path)")
+        print(f"ISA: AVX-512 hidden from CPUID on both sides ({n} CPUIDs answered while onnxruntime loaded; each kiln run is checked for its ymm path)")
     if args.onnx:
         sess = session(os.path.abspath(args.onnx), args.threads)
         source = ["--onnx", os.path.abspath(args.onnx)]
