@@ -1043,7 +1043,7 @@ mod avx512 {
                     let w = (cols - j).min(16);
                     let m: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
                     let (bp, rp) = e.operands(i, row0, col0 + j);
-                    let v = post16([_mm512_maskz_loadu_ps(m, cp.add(j))], [m], [(bp, rp)], act)[0];
+                    let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act);
                     _mm512_mask_storeu_ps(cp.add(j), m, v);
                     j += 16;
                 }
@@ -1051,31 +1051,21 @@ mod avx512 {
         }
     }
 
-    /// K vectors of the epilogue: `act(v + bias) + residual` (bias and residual, `ops`, skipped
-    /// where null, their lanes loaded under `m`), the K activations side by side
-    /// (`simd::act_n`); shared by the separate pass and the tile store.
+    /// One vector of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
+    /// null, their lanes loaded under `m`); shared by the separate pass and the tile store.
     ///
     /// # Safety
-    /// AVX-512F present; each vector's bias/residual null or readable in the lanes of its mask.
+    /// AVX-512F present; `bp`/`rp` null or readable in the lanes of `m`.
     #[inline(always)]
-    unsafe fn post16<const K: usize>(
-        mut v: [__m512; K],
-        m: [__mmask16; K],
-        ops: [(*const f32, *const f32); K],
-        act: Activation,
-    ) -> [__m512; K] {
+    unsafe fn post16(mut v: __m512, m: __mmask16, bp: *const f32, rp: *const f32, act: Activation) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe {
-            for ((x, &(bp, _)), &mi) in v.iter_mut().zip(&ops).zip(&m) {
-                if !bp.is_null() {
-                    *x = _mm512_add_ps(*x, _mm512_maskz_loadu_ps(mi, bp));
-                }
+            if !bp.is_null() {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bp));
             }
-            v = crate::math::simd::act_n(act, v);
-            for ((x, &(_, rp)), &mi) in v.iter_mut().zip(&ops).zip(&m) {
-                if !rp.is_null() {
-                    *x = _mm512_add_ps(*x, _mm512_maskz_loadu_ps(mi, rp));
-                }
+            v = crate::math::simd::act(act, v);
+            if !rp.is_null() {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rp));
             }
             v
         }
@@ -1165,44 +1155,35 @@ mod avx512 {
             if i >= mr {
                 break;
             }
-            // Scaled row by row; a vector past nr has mask 0 (masked loads do not fault, the
-            // store writes nothing). The epilogue runs one vector at a time: the GELU already
-            // evaluates two polynomial chains per vector, and the row's two vectors side by side
-            // (`post16::<P>`) held more registers than the 24-accumulator tile leaves
-            // (gemm_bench 1024×384·384×1536 + bias+GELU, three alternations: 85.4–86.3% of peak
-            // on 1 thread with the row's vectors together, 87.7–88.1% one at a time; the AVX2
-            // tile, with 12 accumulators, measures the same both ways and keeps its row).
-            let mut m = [0 as __mmask16; P];
-            let mut r = *row;
-            let mut ops = [(std::ptr::null(), std::ptr::null()); P];
+            // One vector at a time, epilogue included: the GELU already evaluates two polynomial
+            // chains per vector, and the row's two vectors side by side held more registers than
+            // the 24-accumulator tile leaves (gemm_bench 1024×384·384×1536 + bias+GELU, three
+            // alternations: 85.4–86.3% of peak on 1 thread with the row's vectors together,
+            // 87.7–88.1% one at a time; the AVX2 tile, with 12 accumulators, measures the same
+            // both ways and keeps its row).
             for (v, &x) in row.iter().enumerate() {
                 let col = v * NR;
-                let w = nr.saturating_sub(col).min(NR);
-                m[v] = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
-                // SAFETY: masked lanes cover only columns < nr of row i < mr (`wrapping_add`: for a
-                // vector past nr the address may lie outside C, and nothing is read there).
+                if col >= nr {
+                    break;
+                }
+                let w = (nr - col).min(NR);
+                let m: __mmask16 = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
+                // SAFETY: masked lanes cover only columns < nr of row i < mr, and the tile's
+                // epilogue operands there.
                 unsafe {
-                    let cp = c.wrapping_add(i * ldc + col);
+                    let cp = c.add(i * ldc + col);
                     // Same operations per element as the AVX2 tile's store (bitwise equal).
-                    r[v] = if beta {
-                        _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m[v], cp))
+                    let mut r = if beta {
+                        _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m, cp))
                     } else {
                         _mm512_mul_ps(x, alpha_v)
                     };
-                    if let (Some(t), true) = (post, col < nr) {
-                        ops[v] = t.operands(i, col);
+                    if let Some(t) = post {
+                        let (bp, rp) = t.operands(i, col);
+                        r = post16(r, m, bp, rp, t.act);
                     }
+                    _mm512_mask_storeu_ps(cp, m, r);
                 }
-            }
-            if let Some(t) = post {
-                for v in 0..P {
-                    // SAFETY: the tile's epilogue operands under the mask.
-                    r[v] = unsafe { post16([r[v]], [m[v]], [ops[v]], t.act)[0] };
-                }
-            }
-            for v in 0..P {
-                // SAFETY: as above; a vector past nr has mask 0 and writes nothing.
-                unsafe { _mm512_mask_storeu_ps(c.wrapping_add(i * ldc + v * NR), m[v], r[v]) };
             }
         }
     }
