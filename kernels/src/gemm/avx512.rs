@@ -1,0 +1,231 @@
+//! AVX-512F tile kernel over the AVX2 packed layouts. `Arch::for_isa` hands it out only after
+//! runtime detection of AVX-512F.
+
+use super::*;
+use std::arch::x86_64::*;
+
+/// Dispatches to the monomorphized tile for 1 or 2 strips × 1 or 2 panels.
+///
+/// # Safety
+/// AVX-512F present; `a` holds ceil(mr/MR) packed strips of kc·MR floats (consecutive; `a_ld`
+/// = [`PACKED`]) or mr rows of kc floats at stride `a_ld`, `b` (and `b + b_stride` when
+/// nr > NR) kc·NR floats; `c` writable for mr ≤ 2·MR rows of nr ≤ 2·NR floats at stride ldc.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn wide(
+    kc: usize,
+    a: *const f32,
+    a_ld: usize,
+    b: *const f32,
+    b_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    pf: (usize, usize),
+    post: Option<TilePost>,
+) {
+    // One instance per row count: a partial tile (m not a multiple of 12, e.g. 16 = 12 + 4)
+    // does only its valid rows' FMAs instead of a full strip's.
+    macro_rules! rows {
+        ($direct:literal, $post:literal; $($r:literal)*) => {
+            match (mr, nr > NR) {
+                $(
+                    // SAFETY: forwarded; the instance reads only rows < mr of A and the
+                    // panels that exist.
+                    ($r, true) => unsafe {
+                        tile::<$r, 2, true, $direct, $post>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
+                    },
+                    // SAFETY: as above.
+                    ($r, false) => unsafe {
+                        tile::<$r, 1, false, $direct, $post>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
+                    },
+                )*
+                _ => {}
+            }
+        };
+    }
+    // The tiles with an epilogue are instances of their own: the others keep the store
+    // without it, their accumulators in registers (sharing one instance spilled the tile).
+    match (a_ld == PACKED, post.is_some()) {
+        (true, false) => rows!(false, false; 1 2 3 4 5 6 7 8 9 10 11 12),
+        (true, true) => rows!(false, true; 1 2 3 4 5 6 7 8 9 10 11 12),
+        (false, false) => rows!(true, false; 1 2 3 4 5 6 7 8 9 10 11 12),
+        (false, true) => rows!(true, true; 1 2 3 4 5 6 7 8 9 10 11 12),
+    }
+}
+
+/// Bias, activation and residual on one C tile, 16 lanes at a time. Per element these are
+/// the operations of `avx2::epilogue` (both run `math::simd`, instantiated at 8 and 16
+/// lanes), so the results are bitwise equal; half the instructions per element is what makes
+/// the exact-erf GELU cheap next to the GEMM.
+///
+/// # Safety
+/// AVX-512F present; as `avx2::epilogue`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn epilogue(
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    row0: usize,
+    col0: usize,
+    e: &Epilogue,
+    act: Activation,
+) {
+    for i in 0..rows {
+        // SAFETY (loop): the masked lanes cover columns j..min(j+16, cols) of row i, inside
+        // the tile and the bias/residual extents.
+        unsafe {
+            let cp = c.add(i * ldc);
+            let mut j = 0;
+            while j < cols {
+                let w = (cols - j).min(16);
+                let m: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
+                let (bp, rp) = e.operands(i, row0, col0 + j);
+                let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act);
+                _mm512_mask_storeu_ps(cp.add(j), m, v);
+                j += 16;
+            }
+        }
+    }
+}
+
+/// One vector of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
+/// null, their lanes loaded under `m`); shared by the separate pass and the tile store.
+///
+/// # Safety
+/// AVX-512F present; `bp`/`rp` null or readable in the lanes of `m`.
+#[inline(always)]
+unsafe fn post16(mut v: __m512, m: __mmask16, bp: *const f32, rp: *const f32, act: Activation) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if !bp.is_null() {
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bp));
+        }
+        v = crate::math::simd::act(act, v);
+        if !rp.is_null() {
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rp));
+        }
+        v
+    }
+}
+
+/// R ≤ 12 rows (rows < 6 from the first A strip, the rest from the second; with `DIRECT`
+/// row i from `a + i·a_ld`) × P panels of 16 columns, one zmm per (row, panel): per k, P loads
+/// of B, R broadcasts of A, R·P FMAs (24 accumulators at 12×2, 27 registers).
+///
+/// # Safety
+/// See [`wide`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: bool, const POST: bool>(
+    kc: usize,
+    a: *const f32,
+    a_ld: usize,
+    b: *const f32,
+    b_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    pf: (usize, usize),
+    post: Option<TilePost>,
+) {
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    let a1 = a.wrapping_add(kc * MR);
+    let b1 = b.wrapping_add(b_stride);
+    let mut p = 0;
+    while p < kc {
+        // SAFETY: k step p < kc: MR floats of each strip and NR of each panel are in bounds.
+        unsafe {
+            let mut bv = [_mm512_setzero_ps(); P];
+            bv[0] = _mm512_loadu_ps(b.add(p * NR));
+            if P == 2 {
+                bv[P - 1] = _mm512_loadu_ps(b1.add(p * NR));
+            }
+            if PF && p >= pf.0 && p < pf.1 {
+                // The same k step of the panels two ahead (the next tile pair's B, which
+                // otherwise comes cold from L3/memory when m is small). A hint: never faults.
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * b_stride + p * NR).cast());
+                _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + p * NR).cast());
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let src = if DIRECT {
+                    a.add(i * a_ld + p)
+                } else if i < MR {
+                    a.add(p * MR + i)
+                } else {
+                    a1.add(p * MR + i - MR)
+                };
+                let av = _mm512_set1_ps(*src);
+                for v in 0..P {
+                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                }
+            }
+        }
+        p += 1;
+    }
+    // SAFETY: forwarded.
+    unsafe { store_rows::<R, P>(acc, c, ldc, alpha, beta, mr, nr, if POST { post } else { None }) }
+}
+
+/// C = post(alpha·acc (+ C if beta)) for the valid mr × nr part of a tile.
+///
+/// # Safety
+/// AVX-512F present (the callers are its `#[target_feature]` functions); `c` writable for mr
+/// rows of nr floats at stride ldc; `post`'s operands cover them.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_rows<const R: usize, const P: usize>(
+    acc: [[__m512; P]; R],
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    post: Option<TilePost>,
+) {
+    // SAFETY: AVX-512F present (contract).
+    let alpha_v = unsafe { _mm512_set1_ps(alpha) };
+    for (i, row) in acc.iter().enumerate() {
+        if i >= mr {
+            break;
+        }
+        // One vector at a time, epilogue included: the GELU already evaluates two polynomial
+        // chains per vector, and the row's two vectors side by side held more registers than
+        // the 24-accumulator tile leaves (gemm_bench 1024×384·384×1536 + bias+GELU, three
+        // alternations: 85.4–86.3% of peak on 1 thread with the row's vectors together,
+        // 87.7–88.1% one at a time; the AVX2 tile, with 12 accumulators, measures the same
+        // both ways and keeps its row).
+        for (v, &x) in row.iter().enumerate() {
+            let col = v * NR;
+            if col >= nr {
+                break;
+            }
+            let w = (nr - col).min(NR);
+            let m: __mmask16 = if w == NR { 0xFFFF } else { (1u16 << w) - 1 };
+            // SAFETY: masked lanes cover only columns < nr of row i < mr, and the tile's
+            // epilogue operands there.
+            unsafe {
+                let cp = c.add(i * ldc + col);
+                // Same operations per element as the AVX2 tile's store (bitwise equal).
+                let mut r = if beta {
+                    _mm512_fmadd_ps(x, alpha_v, _mm512_maskz_loadu_ps(m, cp))
+                } else {
+                    _mm512_mul_ps(x, alpha_v)
+                };
+                if let Some(t) = post {
+                    let (bp, rp) = t.operands(i, col);
+                    r = post16(r, m, bp, rp, t.act);
+                }
+                _mm512_mask_storeu_ps(cp, m, r);
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! One thread's share of a GEMM: the raw description, and the k/m/panel loops that pack A and
+//! run the tiles over it.
+
+use super::*;
+
+/// One GEMM problem in raw form.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmDesc {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    /// Packed B (see module docs).
+    pub b: *const f32,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub accumulate: bool,
+    pub epi: Epilogue,
+    pub act: Activation,
+}
+
+// SAFETY: a GemmDesc is shared by the threads of one call; they read A, B and the epilogue operands
+// and write disjoint parts of C (disjoint row or panel ranges), which is what the callers guarantee.
+unsafe impl Sync for GemmDesc {}
+// SAFETY: as above.
+unsafe impl Send for GemmDesc {}
+
+/// The k steps of the next B panel(s) that tile `t` of the `tiles` sharing a panel prefetches:
+/// an equal slice each, so the panel is fetched once, spread over the tiles, instead of every
+/// tile prefetching all of it again (11 times at m = 128 on AVX-512, 22 on AVX2). gemm_bench,
+/// 2 threads, B cold (`COLD=b`): 128×384·384×384 278-285 → 284-298 GF/s, ·384×1536 300 →
+/// 309-328, 128×1536·1536×384 276-280 → 279-287; 1024 rows within noise. AVX2 path
+/// (`KILN_NO_AVX512=1`): 155-157 → 163-164, 160-165 → 167-168, 151-159 → 160-161.
+#[inline]
+pub(super) fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize) {
+    (t * kc / tiles, (t + 1) * kc / tiles)
+}
+
+/// Runs rows `r0..r1` × panels `p0..p1` of `d` on the calling thread.
+///
+/// # Safety
+/// `d` describes valid operands (A: m rows × k at lda; B: packed k×n; C: m rows × n at ldc;
+/// epilogue extents); `apack` writable for `apack_len(r1 - r0, k)` floats minus the alignment slack
+/// and 64-byte aligned; no other thread writes the same C range.
+pub(crate) unsafe fn gemm_block(
+    d: &GemmDesc,
+    r0: usize,
+    r1: usize,
+    p0: usize,
+    p1: usize,
+    apack: *mut f32,
+    arch: &Arch,
+) {
+    let post = d.epi.has_post();
+    if d.k == 0 {
+        for p in p0..p1 {
+            let col0 = p * NR;
+            let nr = NR.min(d.n - col0);
+            for i in r0..r1 {
+                if !d.accumulate {
+                    // SAFETY: row i < m, columns col0..col0+nr < n.
+                    unsafe { std::ptr::write_bytes(d.c.add(i * d.ldc + col0), 0, nr) };
+                }
+            }
+            if post {
+                // SAFETY: the tile rows r0..r1 × columns col0..col0+nr is inside C.
+                unsafe {
+                    (arch.epilogue)(
+                        d.c.add(r0 * d.ldc + col0),
+                        d.ldc,
+                        r1 - r0,
+                        nr,
+                        r0,
+                        col0,
+                        &d.epi,
+                        d.act,
+                    )
+                };
+            }
+        }
+        return;
+    }
+    let alpha = d.epi.scale;
+    // Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than 384 + 128).
+    let kc_step = d.k.div_ceil(d.k.div_ceil(KC));
+    // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
+    // 144 + 144 + 12): no short block streams all of B for a few rows.
+    let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
+    let rows = (r1 - r0).max(1);
+    let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
+    // A is packed so that the tiles of many B panels reuse it from L1/L2 in the order they read
+    // it. When this block has at most two panels (attention's P·V with a head dim of 32, narrow
+    // classifier heads) each A element is read by one or two tiles, and packing it costs more
+    // than it saves; so it does when k is short and the tiles few (attention's Q·Kᵀ: k = 32,
+    // a strip of A is 12 rows × 2 cache lines that stay in L1 across its tiles). Then the tiles
+    // read A's rows in place (same FMAs in the same order: bitwise the packed path's results).
+    // Measured, attn_bench 8×128: 86.5 → 89.6 GF/s on AVX-512 (4 tiles per strip), 52.1 → 52.9
+    // on AVX2 (8); at 8×512 AVX-512 98.2 → 100.4 (16) but AVX2 56.1 → 54.6 (32): hence ≤ 16.
+    let tiles_per_strip = if arch.wide.is_some() { (p1 - p0).div_ceil(2) } else { p1 - p0 };
+    let direct = d.lda != PACKED && (p1 - p0 <= 2 || (d.k <= 64 && tiles_per_strip <= 16));
+    let mut kc0 = 0;
+    while kc0 < d.k {
+        let kc = kc_step.min(d.k - kc0);
+        let beta = d.accumulate || kc0 > 0;
+        let last = kc0 + kc == d.k;
+        // The last k block's tiles apply the epilogue as they store.
+        let tile_post = |row0: usize, col0: usize| (last && post).then_some(TilePost { epi: &d.epi, act: d.act, row0, col0 });
+        let mut mc0 = r0;
+        while mc0 < r1 {
+            let mc = mc_step.min(r1 - mc0);
+            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k.
+            let a_blk = unsafe { d.a.add(mc0 * d.lda + kc0) };
+            // How the tiles read A: row ir of the block is at a_base + ir·a_step.
+            let (a_ld, a_base, a_step) = if direct {
+                (d.lda, a_blk, d.lda)
+            } else {
+                // SAFETY: apack holds the packed block.
+                unsafe { (arch.pack_a)(a_blk, d.lda, mc, kc, apack) };
+                (PACKED, apack.cast_const(), kc)
+            };
+            let strip = |ir: usize| a_base.wrapping_add(ir * a_step);
+            if let Some(wide) = arch.wide {
+                // Tiles of two strips × two panels (the last ones narrower).
+                let mut p = p0;
+                while p < p1 {
+                    let np = 2.min(p1 - p);
+                    let col0 = p * NR;
+                    let nr = (np * NR).min(d.n - col0);
+                    // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
+                    let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mr = (2 * MR).min(mc - ir);
+                        let pf = prefetch_slice(ir / (2 * MR), mc.div_ceil(2 * MR), kc);
+                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's
+                        // rows ir..ir+mr of the block (packed: the strips at ir·kc).
+                        unsafe {
+                            let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                            wide(kc, strip(ir), a_ld, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                        }
+                        ir += 2 * MR;
+                    }
+                    p += np;
+                }
+                mc0 += mc;
+                continue;
+            }
+            for p in p0..p1 {
+                let col0 = p * NR;
+                let nr = NR.min(d.n - col0);
+                // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
+                let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                let mut ir = 0;
+                while ir < mc {
+                    let mr = MR.min(mc - ir);
+                    // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's rows
+                    // ir..ir+mr of the block (packed: the strip at ir·kc).
+                    unsafe {
+                        let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                        let bn = bp.wrapping_add(d.k * NR);
+                        let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
+                        (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                    }
+                    ir += MR;
+                }
+            }
+            mc0 += mc;
+        }
+        kc0 += kc;
+    }
+}

@@ -1,0 +1,212 @@
+//! f32 GEMM: `C[m×n] (+)= scale · A[m×k] · B[k×n]`, then an epilogue (bias, activation, residual)
+//! applied to each register tile right after its last k block, while it is still in L1.
+//!
+//! - A is row-major behind a pointer and a row stride `lda`.
+//! - B is packed once ([`pack_b`], [`PackedB`]) into panels of [`NR`] columns; inside a panel the
+//!   layout is k-major (`NR` consecutive floats per k), and the last panel is zero-padded.
+//!   Panel `p` starts at float `p·k·NR`. Packing accepts `[k, n]` and `[n, k]` (PyTorch Linear) sources.
+//! - Blocking (Goto/BLIS order): k in equal blocks of at most [`KC`], m in equal blocks of at most [`MC`]
+//!   rows (whole tiles); for each (k, m) block
+//!   the A block is packed into caller scratch as MR-row strips (k-major, zero-padded), then for each
+//!   B panel (kc×NR, lives in L1) the microkernel walks the A strips (A block lives in L2). A block
+//!   with at most two B panels (n ≤ 32 on a thread: attention's P·V), or with k ≤ 64 and at most
+//!   16 tiles per strip (attention's Q·Kᵀ), is not packed: its tiles read A's rows in place.
+//! - Microkernel: [`MR`]×[`NR`] = 6×16 register tile, 12 ymm accumulators, `vfmadd231ps` with a
+//!   broadcast A element and two B vectors per k: per k step 8 loads and 12 FMAs, no spills (15 of 16
+//!   ymm registers). Chosen by measurement over 4×24: that tile needs all 16 registers, and LLVM
+//!   then spills an accumulator and shuffles the others every iteration (43% of peak against 93%
+//!   for 6×16 on 128×384·384×1536). Edge tiles use masked stores; padding makes every load in bounds.
+//! - AVX-512F machines (runtime detection, [`Isa::Avx512`]) use a 12×32 tile over the same packed
+//!   layouts instead: two consecutive A strips × two consecutive B panels, 24 zmm accumulators, one
+//!   instance per row count (1..12) so partial tiles do no padded-row work. Per element it does the
+//!   same FMAs in the same order and the same store and epilogue as the 6×16 tile, so the results
+//!   are bitwise identical to the AVX2 path. The tiles sharing a B panel (pair) prefetch the next
+//!   one, each an equal slice of its k steps (B comes from L3/memory when m is small).
+//! - Threads: the (m, n) work is cut into as many contiguous ranges of B panels (or of A rows) as
+//!   there are threads, each with its own A-packing scratch. Each element of C goes through the same
+//!   operations in every split, so results are bitwise identical for any thread count.
+//!
+//! Nothing here allocates except [`pack_b`] (which a plan calls once at upload/lower time).
+//!
+//! Files: this one holds the safe entry points ([`gemm`], [`gemm_prepacked`]); `epilogue` the
+//! epilogue's forms, `pack` B packing and scratch sizes, `arch` the per-ISA function table,
+//! `scalar`/`avx2`/`avx512` the tile kernels, A packing and epilogue passes, `block` one thread's
+//! loops, `split` the cut across threads, `batched` the strided batched GEMM.
+
+use crate::aligned::AlignedBuf;
+use crate::error::{check_len, span};
+use crate::math::Activation;
+use crate::threadpool::ThreadPool;
+use crate::{effective_isa, Isa, KernelError};
+
+/// Rows of the register tile.
+pub const MR: usize = 6;
+/// Columns of the register tile and of a packed B panel.
+pub const NR: usize = 16;
+/// k block: a B micro-panel of KC×NR floats (24 KiB) stays in L1. 384 rather than 256: MiniLM's
+/// k = 384 GEMMs then run in one k pass, so C is written once instead of stored and reloaded;
+/// at m = 1024 the reloads missed the caches (C is 6 MiB) and cost 8-13% of one thread's time
+/// (gemm_bench 1024×384·384×1536, 1 thread: 82-87% → 95% of peak on AVX-512, 80% → 92% on AVX2;
+/// the m = 128 shapes within noise).
+pub const KC: usize = 384;
+/// Largest m block (a multiple of 2·MR, the AVX-512 tile's rows): the packed A block of MC×KC
+/// floats (216 KiB) stays in L2. 144 rather than 120 so that a 128-row GEMM (MiniLM at 1×128, and
+/// each thread's share of many others) is one m block: every m block streams all of its B
+/// panels, and a second block of 8 rows read the whole B again for 6% of the work.
+pub const MC: usize = 144;
+/// Floats of slack per scratch region so it can be aligned to 64 bytes.
+const ALIGN_SLACK: usize = 16;
+/// Below this many multiply-adds a GEMM runs on one thread.
+const PAR_MIN_MACS: usize = 1 << 17;
+
+mod arch;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod batched;
+mod block;
+mod epilogue;
+mod pack;
+mod scalar;
+mod split;
+
+pub(crate) use arch::Arch;
+use arch::PACKED;
+pub(crate) use batched::{gemm_batched_raw, injective};
+pub use batched::{batched_scratch_len, batched_scratch_len_per_thread, gemm_batched, BatchedGemmArgs, Strided, StridedMut};
+pub(crate) use block::{gemm_block, GemmDesc};
+pub(crate) use epilogue::TilePost;
+pub use epilogue::{Epilogue, EpilogueRef};
+pub(crate) use pack::{align64, apack_len, pack_b_raw};
+pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
+pub(crate) use split::gemm_raw;
+pub use split::Split;
+
+/// Validates a safe-API GEMM and builds its raw description.
+#[allow(clippy::too_many_arguments)]
+fn desc(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+) -> Result<GemmDesc, KernelError> {
+    check_len("a", a.len(), span("a", m, k, lda)?)?;
+    check_len("packed b", b.len(), packed_b_len(k, n))?;
+    check_len("c", c.len(), span("c", m, n, ldc)?)?;
+    let e = epi.to_raw(m, n)?;
+    Ok(GemmDesc {
+        m,
+        n,
+        k,
+        a: a.as_ptr(),
+        lda,
+        b: b.as_ptr(),
+        c: c.as_mut_ptr(),
+        ldc,
+        accumulate,
+        epi: e,
+        act: epi.activation,
+    })
+}
+
+/// `C[m×n] = epilogue(scale·A·B (+ C))` with B packed by [`pack_b`].
+///
+/// `a`: m rows of `b.k()` floats at row stride `lda`; `c`: m rows of `b.n()` floats at stride `ldc`.
+/// `scratch`: at least `gemm_scratch_len(m, n, k, 1)` floats; with `pool` the work is split over as
+/// many of its threads as the scratch has room for.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    gemm_prepacked(
+        m,
+        b.k(),
+        b.n(),
+        a,
+        lda,
+        b.as_slice(),
+        c,
+        ldc,
+        accumulate,
+        epi,
+        scratch,
+        pool,
+        crate::detect_isa(),
+    )
+}
+
+/// [`gemm`] with B given as a packed slice (from [`pack_b_into`]) and a chosen ISA
+/// (`Isa::Scalar` forces the portable path).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_prepacked(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
+    gemm_split(
+        m,
+        k,
+        n,
+        a,
+        lda,
+        b_packed,
+        c,
+        ldc,
+        accumulate,
+        epi,
+        scratch,
+        pool,
+        isa,
+        Split::Auto,
+    )
+}
+
+/// [`gemm_prepacked`] with a forced work split (benchmarks and tests).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_split(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+    split: Split,
+) -> Result<(), KernelError> {
+    let d = desc(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi)?;
+    // SAFETY: desc checked every operand extent; scratch is a distinct &mut borrow.
+    unsafe { gemm_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, split) }
+}
