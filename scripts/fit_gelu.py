@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fits the piecewise polynomial of kiln's vector GELU (erf form) and prints the Rust table.
 
-    PYTHONPATH=.pydeps python3 scripts/fit_gelu.py > /tmp/table.rs   # paste into kernels/src/math.rs
+    PYTHONPATH=.pydeps python3 scripts/fit_gelu.py > /tmp/table.rs   # paste into kernels/src/math/coeffs.rs
 
 GELU(x) = x·Φ(x). With t = |x|, q(t) = Φ(-t) = erfc(t/√2)/2 is tabulated on [0, T) in N = 8
 intervals of width T/N, so that one lookup is one 8-lane permute (vpermps ymm; on AVX-512 the
