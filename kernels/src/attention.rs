@@ -25,7 +25,7 @@ use crate::gemm::{
     align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, NR,
 };
 use crate::math::{exp_shift_sum_raw, scale_raw, Activation};
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{scratch_slots, ThreadPool};
 use crate::{Isa, KernelError};
 
 /// Query rows per block (a multiple of the microkernel's MR).
@@ -583,21 +583,8 @@ pub(crate) unsafe fn attention_batched_raw(
         return Ok(());
     }
     let per = attention_scratch_len(g.dims());
-    if g.scratch.is_null() || g.scratch_len < per {
-        return Err(KernelError::ScratchTooSmall {
-            needed: per,
-            got: if g.scratch.is_null() {
-                0
-            } else {
-                g.scratch_len
-            },
-        });
-    }
+    let workers = scratch_slots(g.scratch, g.scratch_len, per, pool)?;
     let arch = Arch::for_isa(isa);
-    let workers = pool
-        .map_or(1, |p| p.threads())
-        .min(g.scratch_len / per)
-        .max(1);
     let sp = g.scratch as usize;
     let g = *g;
     let body = move |item: usize, w: usize| {
@@ -634,22 +621,8 @@ pub(crate) unsafe fn attention_batched_raw(
         unsafe { attention_head_raw(&h, (sp as *mut f32).wrapping_add(w * per), &arch, isa) };
     };
     match pool {
-        Some(p) if workers > 1 && workers == p.threads() => p.run_indexed(items, &body),
-        Some(p) if workers > 1 => {
-            let n_tasks = workers.min(items);
-            p.run(n_tasks, &|t| {
-                let mut i = t;
-                while i < items {
-                    body(i, t);
-                    i += n_tasks;
-                }
-            })
-        }
-        _ => {
-            for i in 0..items {
-                body(i, 0);
-            }
-        }
+        Some(p) if workers > 1 => p.run_slots(items, workers, &body),
+        _ => (0..items).for_each(|i| body(i, 0)),
     }
     Ok(())
 }

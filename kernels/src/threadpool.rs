@@ -124,6 +124,24 @@ impl ThreadPool {
         self.run_indexed(n_tasks, &|t, _w| f(t));
     }
 
+    /// Runs `f(item, slot)` for every `item in 0..n_items` with `slot < slots`: jobs whose
+    /// per-worker scratch has room for fewer regions than the pool has threads. With a slot per
+    /// thread this is [`run_indexed`](Self::run_indexed); otherwise `slots` tasks each stride over
+    /// the items, task `t` using slot `t`.
+    pub fn run_slots(&self, n_items: usize, slots: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        if slots >= self.threads {
+            return self.run_indexed(n_items, f);
+        }
+        let n_tasks = slots.max(1).min(n_items);
+        self.run(n_tasks, &|t| {
+            let mut i = t;
+            while i < n_items {
+                f(i, t);
+                i += n_tasks;
+            }
+        })
+    }
+
     /// Runs `f(task, worker)` for every `task in 0..n_tasks`; `worker < self.threads()` names the
     /// thread (0 = caller), so tasks may use per-worker scratch. If the pool is busy (a job from
     /// another thread, or a nested call from inside a task) the tasks run inline as worker 0.
@@ -302,4 +320,19 @@ impl Drop for ThreadPool {
             let _ = h.join();
         }
     }
+}
+
+/// How many scratch regions of `per` floats a job on `pool` uses: one per thread, fewer when
+/// `scratch_len` floats hold fewer; `ScratchTooSmall` when not even one fits (or `scratch` is null).
+pub(crate) fn scratch_slots(
+    scratch: *const f32,
+    scratch_len: usize,
+    per: usize,
+    pool: Option<&ThreadPool>,
+) -> Result<usize, crate::KernelError> {
+    if scratch.is_null() || scratch_len < per {
+        let got = if scratch.is_null() { 0 } else { scratch_len };
+        return Err(crate::KernelError::ScratchTooSmall { needed: per, got });
+    }
+    Ok(pool.map_or(1, |p| p.threads()).min(scratch_len / per.max(1)).max(1))
 }

@@ -240,32 +240,9 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst
                         _mm256_loadu_ps(a.add((s + 4) * lda + p)),
                         _mm256_loadu_ps(a.add((s + 5) * lda + p)),
                     ];
-                    // 8×8 transpose with two zero rows: c[q] = column q = (r0[q], …, r5[q], 0, 0).
+                    // c[q] = column q = (r0[q], …, r5[q], 0, 0).
                     let z = _mm256_setzero_ps();
-                    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                    let u4 = _mm256_shuffle_ps::<0x44>(t4, z);
-                    let u5 = _mm256_shuffle_ps::<0xEE>(t4, z);
-                    let u6 = _mm256_shuffle_ps::<0x44>(t5, z);
-                    let u7 = _mm256_shuffle_ps::<0xEE>(t5, z);
-                    let c = [
-                        _mm256_permute2f128_ps::<0x20>(u0, u4),
-                        _mm256_permute2f128_ps::<0x20>(u1, u5),
-                        _mm256_permute2f128_ps::<0x20>(u2, u6),
-                        _mm256_permute2f128_ps::<0x20>(u3, u7),
-                        _mm256_permute2f128_ps::<0x31>(u0, u4),
-                        _mm256_permute2f128_ps::<0x31>(u1, u5),
-                        _mm256_permute2f128_ps::<0x31>(u2, u6),
-                        _mm256_permute2f128_ps::<0x31>(u3, u7),
-                    ];
+                    let c = transpose8([r[0], r[1], r[2], r[3], r[4], r[5], z, z]);
                     // Column q goes to d[6q..6q+6]. An 8-float store also writes two floats of
                     // column q+1's slot, which the next store overwrites; the last column is
                     // stored as 4 + 2 floats so nothing past the 48-float block is written.
@@ -308,6 +285,44 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst
     }
 }
 
+/// The 8×8 transpose of eight row vectors: `c[q][i] = r[i][q]` (unpack, shuffle, then 128-bit
+/// lane permutes: 24 shuffles, no memory).
+///
+/// # Safety
+/// AVX present (inlined into the AVX2 callers).
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: register-only AVX shuffles; the caller's contract puts AVX present.
+    unsafe {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+}
+
 /// Packs one full panel from a transposed source: `src` holds NR rows (columns j of B) of k
 /// floats at stride ldb; `d[p·NR + jj] = src[jj·ldb + p]`. 8×8 blocks transposed in registers.
 ///
@@ -322,32 +337,7 @@ pub(super) unsafe fn pack_panel_transposed(src: *const f32, k: usize, ldb: usize
             // SAFETY: rows jb·8..jb·8+8 < NR, columns p..p+8 <= k; 8 floats at 8 rows of d.
             unsafe {
                 let r: [__m256; 8] = std::array::from_fn(|q| _mm256_loadu_ps(s.add(q * ldb + p)));
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-                let c = [
-                    _mm256_permute2f128_ps::<0x20>(u0, u4),
-                    _mm256_permute2f128_ps::<0x20>(u1, u5),
-                    _mm256_permute2f128_ps::<0x20>(u2, u6),
-                    _mm256_permute2f128_ps::<0x20>(u3, u7),
-                    _mm256_permute2f128_ps::<0x31>(u0, u4),
-                    _mm256_permute2f128_ps::<0x31>(u1, u5),
-                    _mm256_permute2f128_ps::<0x31>(u2, u6),
-                    _mm256_permute2f128_ps::<0x31>(u3, u7),
-                ];
+                let c = transpose8(r);
                 for (q, cq) in c.iter().enumerate() {
                     _mm256_storeu_ps(d.add((p + q) * NR + jb * 8), *cq);
                 }

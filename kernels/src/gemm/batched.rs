@@ -66,21 +66,8 @@ pub(crate) unsafe fn gemm_batched_raw(
         return Ok(());
     }
     let per = batched_scratch_len_per_thread(g.m, g.n, g.k);
-    if g.scratch_len < per || g.scratch.is_null() {
-        return Err(KernelError::ScratchTooSmall {
-            needed: per,
-            got: if g.scratch.is_null() {
-                0
-            } else {
-                g.scratch_len
-            },
-        });
-    }
+    let workers = scratch_slots(g.scratch, g.scratch_len, per, pool)?;
     let arch = Arch::for_isa(isa);
-    let workers = pool
-        .map_or(1, |p| p.threads())
-        .min(g.scratch_len / per)
-        .max(1);
     let serial = workers == 1 || g.m * g.n * g.k.max(1) * g.batch < PAR_MIN_MACS;
     let sp = g.scratch as usize;
     let g = *g;
@@ -121,24 +108,8 @@ pub(crate) unsafe fn gemm_batched_raw(
         }
     };
     match pool {
-        Some(p) if !serial && workers == p.threads() => p.run_indexed(g.batch, &body),
-        Some(p) if !serial => {
-            // Pools bigger than the scratch allows: only `workers` distinct scratch regions exist,
-            // so run `workers` tasks, each striding over the items.
-            let n_tasks = workers.min(g.batch);
-            p.run(n_tasks, &|t| {
-                let mut i = t;
-                while i < g.batch {
-                    body(i, t);
-                    i += n_tasks;
-                }
-            })
-        }
-        _ => {
-            for i in 0..g.batch {
-                body(i, 0);
-            }
-        }
+        Some(p) if !serial => p.run_slots(g.batch, workers, &body),
+        _ => (0..g.batch).for_each(|i| body(i, 0)),
     }
     Ok(())
 }

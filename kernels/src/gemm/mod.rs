@@ -36,7 +36,7 @@
 use crate::aligned::AlignedBuf;
 use crate::error::{check_len, span};
 use crate::math::Activation;
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{scratch_slots, ThreadPool};
 use crate::{effective_isa, Isa, KernelError};
 
 /// Rows of the register tile.
