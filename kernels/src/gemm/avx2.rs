@@ -267,19 +267,10 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst
                 p += 1;
             }
         } else {
-            for p in 0..kc {
-                for i in 0..MR {
-                    // SAFETY: row s+i < mc when read; d within the strip.
-                    unsafe {
-                        *d.add(i) = if i < mr {
-                            *a.add((s + i) * lda + p)
-                        } else {
-                            0.0
-                        }
-                    };
-                }
-                d = d.wrapping_add(MR);
-            }
+            // The last, partial strip (zero rows past mr): as the portable path packs it.
+            // SAFETY: rows s..s+mr < mc of kc floats; one strip of MR·kc floats at d.
+            unsafe { super::scalar::pack_a(a.add(s * lda), lda, mr, kc, d) };
+            d = d.wrapping_add(MR * kc);
         }
         s += MR;
     }
