@@ -1,0 +1,4 @@
+//! The subcommands too long to sit in `main.rs`.
+
+pub(crate) mod artifact;
+pub(crate) mod bench;
