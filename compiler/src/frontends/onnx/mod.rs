@@ -418,7 +418,7 @@ impl OnnxModel {
         }
         let known = |k: &str| match k.strip_prefix("com.microsoft::") {
             Some(c) => import::CONTRIB.contains(&c),
-            None => import::SUPPORTED.contains(&k),
+            None => import::supported(k),
         };
         let missing = count.keys().filter(|k| !known(k)).cloned().collect();
         (count.into_iter().collect(), missing)

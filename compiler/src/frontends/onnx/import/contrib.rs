@@ -1,8 +1,8 @@
 //! onnxruntime's `com.microsoft` contrib ops, as optimized transformer exports carry them
 //! (`onnxruntime.transformers.optimizer`, optimum's O2/O3 models; their fp16 forms are not
-//! checked): each written over kiln ops, as the standard ops are in `import.rs`, so the fusion
-//! passes see the same patterns (an
-//! `Attention` node becomes the matmul–softmax–matmul that the attention fusion takes).
+//! checked): each written over kiln ops, as the standard ops are in the files beside this one,
+//! so the fusion passes see the same patterns (an `Attention` node becomes the
+//! matmul–softmax–matmul that the attention fusion takes).
 //! Semantics from onnxruntime's docs/ContribOperators.md and its CPU kernels; checked against
 //! onnxruntime by `scripts/ort_contrib_cases.py` (tests/onnx.rs).
 

@@ -1,0 +1,198 @@
+//! Layout ops: the reshapes (Reshape, Flatten, Squeeze, Unsqueeze), Transpose, Concat, Slice,
+//! Split, Expand, Tile, Trilu.
+
+use kiln_runtime::graph::{BinaryOp, Dim, Op, ValueId};
+use kiln_runtime::DType;
+
+use super::super::shape;
+use super::super::tensor::{Elem, Lit};
+use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
+
+/// The ops this file imports.
+pub(super) const OPS: &[&str] = &["Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split", "Expand", "Tile"];
+
+impl Importer<'_> {
+    /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
+    pub(super) fn import_layout(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
+        let NodeCx { op, name, n, ins, at, opset, .. } = *cx;
+        match op {
+            // The upper (or lower) triangle from diagonal k, as Where with a known mask.
+            "Trilu" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                if r < 2 {
+                    return Err(Fail::Invalid(format!("Trilu of a rank-{r} tensor")));
+                }
+                let k = match ins.get(1).cloned().flatten() {
+                    Some(_) => cx.lit_of(1, "Trilu's k")?.ints().first().copied().unwrap_or(0),
+                    None => 0,
+                };
+                let upper = at.int("upper", 1) != 0;
+                let (rows, cols) = (s[r - 2], s[r - 1]);
+                let keep: Vec<f64> = (0..rows * cols)
+                    .map(|e| {
+                        let d = (e % cols) as i64 - (e / cols) as i64;
+                        f64::from(u8::from(if upper { d >= k } else { d <= k }))
+                    })
+                    .collect();
+                let mask = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::Bool, vec![rows, cols], keep)))?;
+                let z = self.scalar(&self.fresh(name), 0.0, self.dtype(&Val::Node(x)))?;
+                one(self.push(name, Op::Where, vec![mask, x, z])?)
+            }
+            "Unsqueeze" | "Squeeze" | "Flatten" | "Reshape" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let axes = if opset >= 13 {
+                    match ins.get(1).cloned().flatten() {
+                        Some(_) => Some(cx.lit_of(1, "axes")?.ints()),
+                        None => None,
+                    }
+                } else {
+                    at.ints("axes")
+                };
+                let to = match op {
+                    "Unsqueeze" => shape::unsqueeze(&s, &axes.ok_or_else(|| Fail::Invalid("Unsqueeze needs axes".into()))?)?,
+                    "Squeeze" => shape::squeeze(&s, axes.as_deref())?,
+                    "Flatten" => {
+                        let k = shape::flatten_axis(at.int("axis", 1), s.len())?;
+                        vec![s[..k].iter().product(), s[k..].iter().product()]
+                    }
+                    _ => {
+                        let t = if opset >= 5 { cx.lit_of(1, "a Reshape target")?.ints() } else { at.ints("shape").unwrap_or_default() };
+                        shape::reshape(&s, &t, at.int("allowzero", 0) != 0)?
+                    }
+                };
+                one(self.push_shaped(name, Op::Reshape, vec![x], &to)?)
+            }
+            "Transpose" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let r = self.shape(&Val::Node(x)).len();
+                let perm: Vec<usize> = match at.ints("perm") {
+                    Some(p) => p.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
+                    None => (0..r).rev().collect(),
+                };
+                one(self.push(name, Op::Transpose { perm }, vec![x])?)
+            }
+            "Concat" => {
+                let mut xs = Vec::new();
+                for (k, v) in ins.iter().enumerate() {
+                    if let Some(v) = v {
+                        if self.shape(v).contains(&0) {
+                            continue;
+                        }
+                        xs.push(self.node(&cx.iname(k), v)?);
+                    }
+                }
+                let r = self.shape(&Val::Node(xs[0])).len();
+                let ax = shape::axis(at.int("axis", 0), r)?;
+                let dt = self.dtype(&Val::Node(xs[0]));
+                for x in xs.iter_mut() {
+                    *x = self.cast_to(name, *x, dt)?;
+                }
+                if xs.len() == 1 {
+                    return one(xs[0]);
+                }
+                one(self.push(name, Op::Concat { axis: ax }, xs)?)
+            }
+            "Slice" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let (starts, ends, axes, steps) = if opset >= 10 {
+                    let opt = |k: usize, w: &str| -> R<Option<Vec<i64>>> {
+                        match ins.get(k).cloned().flatten() {
+                            Some(_) => Ok(Some(cx.lit_of(k, w)?.ints())),
+                            None => Ok(None),
+                        }
+                    };
+                    (cx.lit_of(1, "slice starts")?.ints(), cx.lit_of(2, "slice ends")?.ints(), opt(3, "slice axes")?, opt(4, "slice steps")?)
+                } else {
+                    (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
+                };
+                let axes: Vec<usize> = match axes {
+                    Some(v) => v.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
+                    None => (0..starts.len()).collect(),
+                };
+                let mut y = x;
+                for (k, &ax) in axes.iter().enumerate() {
+                    let step = steps.as_ref().map_or(1, |v| v[k]);
+                    let (b, _, _, len) = shape::slice_range(s[ax], starts[k], ends[k], step)?;
+                    if len == 0 {
+                        return unsup("an empty Slice (kiln has no empty tensors)");
+                    }
+                    if step != 1 {
+                        // Strided or reversed: a gather of the known positions along the axis.
+                        let idx: Vec<f64> = (0..len as i64).map(|i| (b + i * step) as f64).collect();
+                        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, vec![len], idx)))?;
+                        let cur = self.shape(&Val::Node(y));
+                        let nm = self.fresh(name);
+                        y = self.gather_axis(&nm, y, &cur, ax, ids, false)?;
+                        continue;
+                    }
+                    if b == 0 && len == s[ax] {
+                        continue;
+                    }
+                    let nm = self.fresh(name);
+                    y = self.push(&nm, Op::Slice { axis: ax, start: b as usize, end: Dim::Fixed(b as usize + len) }, vec![y])?;
+                }
+                one(y)
+            }
+            "Split" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", 0), s.len())?;
+                let nout = n.output.len();
+                let sizes: Vec<usize> = match (opset >= 13, ins.get(1).cloned().flatten(), at.ints("split")) {
+                    (true, Some(_), _) => cx.lit_of(1, "split sizes")?.ints().iter().map(|&v| v as usize).collect(),
+                    (false, _, Some(v)) => v.iter().map(|&v| v as usize).collect(),
+                    _ => {
+                        let k = at.int("num_outputs", nout as i64) as usize;
+                        let each = s[ax].div_ceil(k);
+                        (0..k).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
+                    }
+                };
+                let mut outs = Vec::new();
+                let mut start = 0;
+                for (i, &len) in sizes.iter().enumerate() {
+                    if len == 0 {
+                        return unsup("an empty Split output");
+                    }
+                    let nm = n.output.get(i).cloned().unwrap_or_else(|| self.fresh(name));
+                    outs.push(self.push(&nm, Op::Slice { axis: ax, start, end: Dim::Fixed(start + len) }, vec![x])?);
+                    start += len;
+                }
+                Ok(outs)
+            }
+            "Expand" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let to: Vec<usize> = cx.lit_of(1, "an Expand shape")?.ints().iter().map(|&d| d.max(0) as usize).collect();
+                let s = self.shape(&Val::Node(x));
+                let out = shape::broadcast(&s, &to)?;
+                if out == s {
+                    return one(x);
+                }
+                let dt = self.dtype(&Val::Node(x));
+                let n1 = out.iter().product();
+                let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, out.clone(), vec![1.0; n1])))?;
+                let ones = if dt != DType::F32 { self.tmp(name, Op::Cast { to: dt }, vec![ones])? } else { ones };
+                one(self.push(name, Op::Binary(BinaryOp::Mul), vec![x, ones])?)
+            }
+            "Tile" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let reps = cx.lit_of(1, "Tile repeats")?.ints();
+                let mut y = x;
+                for (ax, &k) in reps.iter().enumerate() {
+                    if k > 1 {
+                        if k > 64 {
+                            return unsup(format!("Tile by {k}"));
+                        }
+                        y = self.tmp(name, Op::Concat { axis: ax }, vec![y; k as usize])?;
+                    }
+                }
+                one(y)
+            }
+            _ => unsup(format!("op `{op}` is not supported")),
+        }
+    }
+}

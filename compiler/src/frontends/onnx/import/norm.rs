@@ -1,0 +1,259 @@
+//! Normalizations and reductions: Softmax, LogSoftmax, LayerNormalization (with its optional
+//! statistics), RMSNormalization, the Reduce family, and CumSum (as a triangular GEMM).
+
+use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use kiln_runtime::DType;
+
+use super::super::shape;
+use super::super::tensor::{Elem, Lit};
+use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
+
+/// The ops this file imports.
+pub(super) const OPS: &[&str] = &["Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"];
+
+impl Importer<'_> {
+    /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
+    pub(super) fn import_norm(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
+        let NodeCx { op, name, n, ins, at, opset, .. } = *cx;
+        match op {
+            "Softmax" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), r)?;
+                if opset >= 13 || ax == r - 1 {
+                    return one(self.push(name, Op::Softmax { axis: ax }, vec![x])?);
+                }
+                // Before opset 13: softmax of the input flattened to [prod(..axis), prod(axis..)].
+                let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+                let f = self.reshape(&self.fresh(name), x, &flat)?;
+                let y = self.tmp(name, Op::Softmax { axis: 1 }, vec![f])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            // A running sum along the axis as a product with a 0/1 triangular matrix (one GEMM;
+            // kiln has no scan op): y[.., j] = Σ_i x[.., i]·T[i, j]. Integers go through f32,
+            // exact while partial sums stay below 2^24 (position ids from a mask, as RoBERTa's
+            // export computes them). A literal input folds instead (lit.rs).
+            "CumSum" => {
+                let x0 = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s0 = self.shape(&Val::Node(x0));
+                let ax0 = shape::axis(cx.lit_of(1, "CumSum axis")?.ints().first().copied().ok_or(Fail::Invalid("CumSum without an axis".into()))?, s0.len())?;
+                // A vector scans as one row.
+                let final_name = name.to_string();
+                let (x, ax, out_name) = if s0.len() == 1 {
+                    (self.reshape(&self.fresh(name), x0, &[1, s0[0]])?, 1, self.fresh(name))
+                } else {
+                    (x0, ax0, name.to_string())
+                };
+                let name = out_name.as_str();
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let (exclusive, reverse) = (at.int("exclusive", 0) != 0, at.int("reverse", 0) != 0);
+                let n = s[ax];
+                let dt = self.dtype(&Val::Node(x));
+                let mut t = vec![0.0; n * n];
+                for i in 0..n {
+                    for j in 0..n {
+                        let before = if reverse { i > j } else { i < j };
+                        t[i * n + j] = if before || (i == j && !exclusive) { 1.0 } else { 0.0 };
+                    }
+                }
+                let tri = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, n], t)))?;
+                let mut perm: Vec<usize> = (0..r).collect();
+                perm.swap(ax, r - 1);
+                let mut v = x;
+                if ax != r - 1 {
+                    v = self.tmp(name, Op::Transpose { perm: perm.clone() }, vec![v])?;
+                }
+                v = self.cast_to(name, v, DType::F32)?;
+                let last = ax == r - 1 && dt == DType::F32;
+                let mm = if last { name.to_string() } else { self.fresh(name) };
+                let mut y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![v, tri])?;
+                if dt != DType::F32 {
+                    let nm = if ax == r - 1 { name.to_string() } else { self.fresh(name) };
+                    y = self.push(&nm, Op::Cast { to: dt }, vec![y])?;
+                }
+                if ax != r - 1 {
+                    y = self.push(name, Op::Transpose { perm }, vec![y])?;
+                }
+                if s0.len() == 1 {
+                    y = self.reshape(&final_name, y, &s0)?;
+                }
+                one(y)
+            }
+            // x - max - log Σ exp(x - max), over the axis (before opset 13: over the input
+            // flattened to 2-D at the axis, as Softmax).
+            "LogSoftmax" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                if !self.dtype(&Val::Node(x)).is_float() {
+                    return unsup("LogSoftmax of integers");
+                }
+                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), r)?;
+                let (src, axes) = if opset >= 13 || ax == r - 1 {
+                    (x, vec![ax])
+                } else {
+                    let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+                    (self.reshape(&self.fresh(name), x, &flat)?, vec![1])
+                };
+                let keep = |op| Op::Reduce { op, axes: axes.clone(), keep_dims: true };
+                let m = self.tmp(name, keep(ReduceOp::Max), vec![src])?;
+                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![src, m])?;
+                let e = self.tmp(name, Op::Unary(UnaryOp::Exp), vec![d])?;
+                let sum = self.tmp(name, keep(ReduceOp::Sum), vec![e])?;
+                let l = self.tmp(name, Op::Unary(UnaryOp::Log), vec![sum])?;
+                if src == x {
+                    return one(self.push(name, Op::Binary(BinaryOp::Sub), vec![d, l])?);
+                }
+                let y = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![d, l])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            // x / √(mean(x²) + eps) · scale over axes ax.. (opset 23), as LayerNormalization.
+            // SimplifiedLayerNormalization: onnxruntime's name for the same norm (its Llama-style
+            // exports put it in the standard domain).
+            "RMSNormalization" | "SimplifiedLayerNormalization" => {
+                let x0 = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x0));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                let (x, last, flat) = self.norm_rows(name, x0, &s, ax)?;
+                let dt = self.dtype(&Val::Node(x));
+                let g = self.node(&cx.iname(1), &cx.inp(1)?)?;
+                let g = self.norm_channel(name, g, last, dt, "RMSNormalization scale")?;
+                let op = Op::RmsNorm { eps: at.float("epsilon", 1e-5) };
+                if !flat {
+                    return one(self.push(name, op, vec![x, g])?);
+                }
+                let y = self.tmp(name, op, vec![x, g])?;
+                one(self.reshape(name, y, &s)?)
+            }
+            // Over axes ax..: x seen as [Π s[..ax], Π s[ax..]] (one reshape each way). The
+            // optional Mean and InvStdDev outputs are computed apart when something reads them.
+            "LayerNormalization" => {
+                let x0 = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x0));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                let (x, last, flat) = self.norm_rows(name, x0, &s, ax)?;
+                let eps = at.float("epsilon", 1e-5);
+                let dt = self.dtype(&Val::Node(x));
+                let mut gb = Vec::new();
+                for (k, fill) in [(1usize, 1.0f64), (2, 0.0)] {
+                    let v = match ins.get(k).cloned().flatten() {
+                        Some(v) => v,
+                        None => Val::Lit(Lit::of(Elem::F32, vec![last], vec![fill; last])),
+                    };
+                    let id = self.node(&cx.iname(k), &v)?;
+                    gb.push(self.norm_channel(name, id, last, dt, "LayerNormalization scale/bias")?);
+                }
+                let y = if flat {
+                    let y = self.tmp(name, Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?;
+                    self.reshape(name, y, &s)?
+                } else {
+                    self.push(name, Op::LayerNorm { eps }, vec![x, gb[0], gb[1]])?
+                };
+                if !n.output.iter().skip(1).any(|o| !o.is_empty() && self.m.is_used(o)) {
+                    return one(y);
+                }
+                // Mean = E[x], InvStdDev = 1/sqrt(E[(x - Mean)²] + eps), shaped s[..ax] ++ [1, ..].
+                let stat: Vec<usize> = s[..ax].iter().copied().chain(std::iter::repeat_n(1, s.len() - ax)).collect();
+                let r2 = self.shape(&Val::Node(x)).len();
+                let mean_op = Op::Reduce { op: ReduceOp::Mean, axes: vec![r2 - 1], keep_dims: true };
+                let mean = self.tmp(name, mean_op.clone(), vec![x])?;
+                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, mean])?;
+                let d2 = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![d, d])?;
+                let var = self.tmp(name, mean_op, vec![d2])?;
+                let e = self.scalar(&self.fresh(name), eps, dt)?;
+                let ve = self.tmp(name, Op::Binary(BinaryOp::Add), vec![var, e])?;
+                let inv = self.tmp(name, Op::Unary(UnaryOp::Rsqrt), vec![ve])?;
+                let names: Vec<String> = (1..3).map(|k| n.output.get(k).filter(|o| !o.is_empty()).cloned().unwrap_or_else(|| self.fresh(name))).collect();
+                let mean = self.reshape(&names[0], mean, &stat)?;
+                let inv = self.reshape(&names[1], inv, &stat)?;
+                Ok(vec![y, mean, inv])
+            }
+            // Sum, Mean and Max are kiln reductions; the others are written over them:
+            // Min = -Max(-x), SumSquare = Sum(x²), L1 = Sum(|x|), L2 = √Sum(x²),
+            // LogSum = log Sum(x), LogSumExp = log Sum(e^(x - m)) + m with m = Max(x).
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
+            | "ReduceLogSumExp" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let dt = self.dtype(&Val::Node(x));
+                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean") {
+                    return unsup(format!("{op} of integers"));
+                }
+                let r = self.shape(&Val::Node(x)).len();
+                let as_input = if op == "ReduceSum" { opset >= 13 } else { opset >= 18 };
+                let axes = if as_input {
+                    match ins.get(1).cloned().flatten() {
+                        Some(_) => Some(cx.lit_of(1, "reduction axes")?.ints()),
+                        None => None,
+                    }
+                } else {
+                    at.ints("axes")
+                };
+                let mut axes: Vec<usize> = match axes {
+                    Some(v) if !v.is_empty() => v.iter().map(|&a| shape::axis(a, r)).collect::<Result<_, _>>()?,
+                    _ if at.int("noop_with_empty_axes", 0) != 0 => return one(x),
+                    _ => (0..r).collect(),
+                };
+                axes.sort();
+                axes.dedup();
+                let keep_dims = at.int("keepdims", 1) != 0;
+                let un = |s: &mut Self, u: UnaryOp, v: ValueId| s.tmp(name, Op::Unary(u), vec![v]);
+                let red = |s: &mut Self, nm: &str, op: ReduceOp, v: ValueId, keep: bool| {
+                    s.push(nm, Op::Reduce { op, axes: axes.clone(), keep_dims: keep }, vec![v])
+                };
+                match op {
+                    "ReduceSum" => one(red(self, name, ReduceOp::Sum, x, keep_dims)?),
+                    "ReduceMean" => one(red(self, name, ReduceOp::Mean, x, keep_dims)?),
+                    "ReduceMax" => one(red(self, name, ReduceOp::Max, x, keep_dims)?),
+                    "ReduceMin" => {
+                        let nx = un(self, UnaryOp::Neg, x)?;
+                        let m = red(self, &self.fresh(name), ReduceOp::Max, nx, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Neg), vec![m])?)
+                    }
+                    "ReduceSumSquare" | "ReduceL2" => {
+                        let sq = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                        if op == "ReduceSumSquare" {
+                            return one(red(self, name, ReduceOp::Sum, sq, keep_dims)?);
+                        }
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, sq, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Sqrt), vec![s])?)
+                    }
+                    "ReduceL1" => {
+                        let a = un(self, UnaryOp::Abs, x)?;
+                        one(red(self, name, ReduceOp::Sum, a, keep_dims)?)
+                    }
+                    "ReduceLogSum" => {
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, x, keep_dims)?;
+                        one(self.push(name, Op::Unary(UnaryOp::Log), vec![s])?)
+                    }
+                    _ => {
+                        let m = red(self, &self.fresh(name), ReduceOp::Max, x, true)?;
+                        let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, m])?;
+                        let e = un(self, UnaryOp::Exp, d)?;
+                        let s = red(self, &self.fresh(name), ReduceOp::Sum, e, true)?;
+                        let l = un(self, UnaryOp::Log, s)?;
+                        if keep_dims {
+                            return one(self.push(name, Op::Binary(BinaryOp::Add), vec![l, m])?);
+                        }
+                        let y = self.tmp(name, Op::Binary(BinaryOp::Add), vec![l, m])?;
+                        let sh = self.shape(&Val::Node(x));
+                        let out: Vec<usize> = (0..sh.len()).filter(|d| !axes.contains(d)).map(|d| sh[d]).collect();
+                        one(self.reshape(name, y, &out)?)
+                    }
+                }
+            }
+            _ => unsup(format!("op `{op}` is not supported")),
+        }
+    }
+
+    /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
+    /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
+    fn norm_rows(&mut self, name: &str, x: ValueId, s: &[usize], ax: usize) -> R<(ValueId, usize, bool)> {
+        let last: usize = s[ax..].iter().product();
+        if ax + 1 == s.len() {
+            return Ok((x, last, false));
+        }
+        Ok((self.reshape(&self.fresh(name), x, &[s[..ax].iter().product(), last])?, last, true))
+    }
+}
