@@ -1,9 +1,9 @@
-//! The persistent pool: every task runs exactly once, worker indices are in range, back-to-back and
-//! nested calls work, several callers can share a pool, panics come back to the caller, and the pool
+//! The persistent pool: every task runs exactly once, worker indices are in range, per-slot jobs
+//! stay in their slots, back-to-back and nested calls work, several callers can share a pool, panics come back to the caller, and the pool
 //! shuts down cleanly.
 
 use kiln_kernels::threadpool::ThreadPool;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -131,5 +131,32 @@ fn drop_joins_workers() {
         let pool = ThreadPool::new(4);
         assert_eq!(counts(&pool, 4), vec![1; 4]);
         drop(pool);
+    }
+}
+
+/// `run_slots` (per-worker scratch with room for fewer regions than the pool has threads): every
+/// item once, every slot below the count given, and no slot in use by two tasks at a time.
+#[test]
+fn run_slots_keeps_each_item_once_and_each_slot_to_one_task() {
+    for threads in [1, 2, 4] {
+        let pool = ThreadPool::new(threads);
+        for (items, slots) in [(10, 2), (3, 8), (7, 4), (1, 1), (5, 0), (64, 3)] {
+            let hits: Vec<AtomicUsize> = (0..items).map(|_| AtomicUsize::new(0)).collect();
+            let busy: Vec<AtomicBool> = (0..threads.max(slots).max(1)).map(|_| AtomicBool::new(false)).collect();
+            let (max_slot, overlaps) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            pool.run_slots(items, slots, &|i, s| {
+                if busy[s].swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                hits[i].fetch_add(1, Ordering::Relaxed);
+                max_slot.fetch_max(s, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(50));
+                busy[s].store(false, Ordering::SeqCst);
+            });
+            let got: Vec<usize> = hits.iter().map(|h| h.load(Ordering::Relaxed)).collect();
+            assert_eq!(got, vec![1; items], "{threads} threads, {items} items, {slots} slots");
+            assert!(max_slot.load(Ordering::Relaxed) < slots.max(1), "{threads} threads, {slots} slots");
+            assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a slot shared at once: {threads} threads, {slots} slots");
+        }
     }
 }
