@@ -94,12 +94,12 @@ fn binary_symbolic_shapes_and_scalar_constant() {
 #[test]
 fn unary_ops() {
     use UnaryOp::*;
-    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus];
+    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus, Floor, Ceil, Round];
     // Every op has its values here, computed independently of `kiln_compiler::ops`.
     assert_eq!(ops.len(), kiln_compiler::ops::unary::ALL.len());
     let g = graph_of(&[&[3]], |g, x| ops.iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
     let out = interpret(&g, &[], &[f32t(&[3], &[1., -1., 4.])], B11).unwrap();
-    let want: [[f64; 3]; 15] = [
+    let want: [[f64; 3]; 18] = [
         // x * Φ(x): Φ(1) = 0.8413447460685429, Φ(4) = 0.9999683287581669
         [0.8413447460685429, -0.15865525393145707, 3.9998733150326676],
         [0.7615941559557649, -0.7615941559557649, 0.999329299739067],
@@ -121,6 +121,10 @@ fn unary_ops() {
         [0., f64::NAN, 1.3862943611198906],
         // Python's math.log1p(math.exp(x))
         [1.3132616875182228, 0.31326168751822286, 4.0181499279178094],
+        // floor, ceil, round of integers (fractions: `rounding_ops_match_std`)
+        [1., -1., 4.],
+        [1., -1., 4.],
+        [1., -1., 4.],
     ];
     for (k, w) in want.iter().enumerate() {
         let got = out[k].data.to_f64_vec();
@@ -686,4 +690,27 @@ fn tiny_encoder_matches_a_direct_implementation() {
         want.extend(y.into_iter().flatten());
     }
     assert_close(&out[0], &[2, 3, hidden], &want);
+}
+
+/// Floor, Ceil and Round (ties to even, as ONNX says) against Rust's own f64 functions, bit for
+/// bit: halves, the sign of zero (ceil(-0.5) = round(-0.4) = -0), NaN, infinities, denormals and
+/// values past 2^23 where every f32 is an integer.
+#[test]
+fn rounding_ops_match_std() {
+    use UnaryOp::*;
+    let xs: [f32; 22] = [
+        -2.5, -1.5, -0.5, -0.4, -0.0, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 2.7, -2.7, -3.0, 3.0, 8388607.5, 8388609.0, -8388607.5,
+        f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40,
+    ];
+    let std_fns: [(UnaryOp, fn(f64) -> f64); 3] = [(Floor, f64::floor), (Ceil, f64::ceil), (Round, f64::round_ties_even)];
+    let g = graph_of(&[&[xs.len()]], |g, x| std_fns.iter().map(|&(op, _)| g.unary(op, x[0]).unwrap()).collect());
+    let out = interpret(&g, &[], &[f32t(&[xs.len()], &xs)], B11).unwrap();
+    for (k, (op, f)) in std_fns.iter().enumerate() {
+        let got = out[k].data.to_f64_vec();
+        for (i, &x) in xs.iter().enumerate() {
+            let want = f(x as f64);
+            let same = if want.is_nan() { got[i].is_nan() } else { got[i].to_bits() == want.to_bits() };
+            assert!(same, "{op:?}({x}) = {}, want {want}", got[i]);
+        }
+    }
 }

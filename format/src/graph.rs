@@ -125,6 +125,12 @@ pub enum UnaryOp {
     Log,
     /// ln(1 + e^x), computed without overflow.
     Softplus,
+    /// The largest integer not above x (floor(-0.5) = -1, floor(-0) = -0).
+    Floor,
+    /// The smallest integer not below x (ceil(-0.5) = -0).
+    Ceil,
+    /// The nearest integer, ties to even (ONNX `Round`: round(2.5) = 2, round(-0.4) = -0).
+    Round,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

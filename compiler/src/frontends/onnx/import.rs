@@ -94,9 +94,11 @@ const FAMILIES: [(&[&str], ImportFn); 5] = [
     (gather::OPS, |im, cx| im.import_gather(cx)),
 ];
 
-/// Ops that only fold at import (all inputs known, `lit.rs`) or come from a value's concrete
-/// type (Shape, Size).
-const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Range", "Shape", "Size"];
+/// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
+/// type; Constant, ConstantOfShape and Range build literals; Sin, Cos, Mod and ReduceProd are
+/// computed by `lit.rs` where their inputs are known (rotary and relative-position tables are
+/// functions of positions, which a bucket fixes).
+const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "Mod", "Range", "ReduceProd", "Shape", "Sin", "Size"];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
 /// `kiln onnx-ops`.
@@ -423,7 +425,7 @@ impl<'m> Importer<'m> {
             }
         }
         match op {
-            "Shape" | "Size" | "Constant" | "ConstantOfShape" | "Range" => unsup(format!("{op} of a run-time value")),
+            _ if FOLDED.contains(&op) => unsup(format!("{op} of a run-time value")),
             _ => unsup(format!("op `{op}` is not supported")),
         }
     }

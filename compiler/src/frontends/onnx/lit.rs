@@ -150,8 +150,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             }
             one(acc)
         }
-        "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" | "Log" | "Softplus"
-        | "Sin" | "Cos" | "Sign" => {
+        "Sqrt" | "Neg" | "Abs" | "Exp" | "Erf" | "Reciprocal" | "Tanh" | "Sigmoid" | "Relu" | "Floor" | "Ceil" | "Round" | "Log"
+        | "Softplus" | "Sin" | "Cos" | "Sign" => {
             let a = x(0)?;
             if !a.elem.is_float() {
                 return match op {
@@ -174,14 +174,15 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 "Relu" => Some(UnaryOp::Relu),
                 "Log" => Some(UnaryOp::Log),
                 "Softplus" => Some(UnaryOp::Softplus),
+                "Floor" => Some(UnaryOp::Floor),
+                "Ceil" => Some(UnaryOp::Ceil),
+                "Round" => Some(UnaryOp::Round),
                 _ => None,
             };
-            // Floor, Ceil, Sin and Cos only fold (rotary and relative-position tables are
-            // functions of positions, which a bucket fixes); they are not kiln ops.
+            // Sin and Cos only fold (rotary tables are functions of positions, which a bucket
+            // fixes); they are not kiln ops.
             one(zip_map(&[a], a.elem, |f, _| match (u, op) {
                 (Some(u), _) => eval::unary::<f64>(u, f[0]),
-                (None, "Floor") => f[0].floor(),
-                (None, "Ceil") => f[0].ceil(),
                 (None, "Sin") => f[0].sin(),
                 (None, "Sign") if f[0] == 0.0 || f[0].is_nan() => f[0],
                 (None, "Sign") => f[0].signum(),
