@@ -702,7 +702,8 @@ fn rounding_ops_match_std() {
         -2.5, -1.5, -0.5, -0.4, -0.0, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 2.7, -2.7, -3.0, 3.0, 8388607.5, 8388609.0, -8388607.5,
         f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40,
     ];
-    let std_fns: [(UnaryOp, fn(f64) -> f64); 3] = [(Floor, f64::floor), (Ceil, f64::ceil), (Round, f64::round_ties_even)];
+    type Std = fn(f64) -> f64;
+    let std_fns: [(UnaryOp, Std); 3] = [(Floor, f64::floor), (Ceil, f64::ceil), (Round, f64::round_ties_even)];
     let g = graph_of(&[&[xs.len()]], |g, x| std_fns.iter().map(|&(op, _)| g.unary(op, x[0]).unwrap()).collect());
     let out = interpret(&g, &[], &[f32t(&[xs.len()], &xs)], B11).unwrap();
     for (k, (op, f)) in std_fns.iter().enumerate() {
