@@ -11,7 +11,7 @@ the comparison meaningful on a machine shared with other work).
 
 Usage: python3 scripts/ort_compare.py [--model DIR | --onnx FILE] [--buckets 1x16,1x128,...]
                                       [--threads 2] [--runs 30] [--rounds 3] [--kiln target/release/kiln]
-       python3 scripts/ort_compare.py --write-onnx PATH [--legacy]   (only write the graph)
+       python3 scripts/ort_compare.py --write-onnx PATH [--legacy | --attention-op]   (only write the graph)
 
 With --isa avx2 both sides run as on an AVX2-only machine: scripts/cpuid_no_avx512.c (built into
 target/) hides AVX-512 from CPUID in this process before onnxruntime loads and, as LD_PRELOAD, in
@@ -87,9 +87,12 @@ def read_safetensors(path):
     return out
 
 
-def build_model(model_dir, legacy=False):
+def build_model(model_dir, legacy=False, attention_op=False):
     """MiniLM as an ONNX graph. `legacy`: as exporters wrote it before opset 17 (opset 14,
-    LayerNorm written out as ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add)."""
+    LayerNorm written out as ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add).
+    `attention_op`: opset 23, each layer's attention one standard `Attention` node over 3-D Q, K, V
+    with the additive mask expanded to [B, 1, S, S] (as PyTorch's exporter writes
+    scaled_dot_product_attention from opset 23; onnxruntime wants the mask's query dim)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -147,13 +150,28 @@ def build_model(model_dir, legacy=False):
     mf = node("Cast", [mask], to=TensorProto.FLOAT)
     madd = node("Mul", [node("Sub", [const("onef", 1.0), mf]), const("neg", -10000.0)])
     madd = node("Unsqueeze", [madd, const("axes12", [1, 2], np.int64)])
-    split_shape = const("split_shape", [0, 0, heads, hd], np.int64)
-    merge_shape = const("merge_shape", [0, 0, h], np.int64)
+    if attention_op:
+        # [B, 1, 1, S] expanded to [B, 1, S, S] by the shape of the ids.
+        sh = node("Shape", [ids])
+        bdim = node("Slice", [sh, const("b0", [0], np.int64), const("b1", [1], np.int64)])
+        mask4 = node("Expand", [madd, node("Concat", [bdim, const("bone", [1], np.int64), seq, seq], axis=0)])
+    if not attention_op:
+        split_shape = const("split_shape", [0, 0, heads, hd], np.int64)
+        merge_shape = const("merge_shape", [0, 0, h], np.int64)
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}."
         q = linear(x, p + "attention.self.query")
         k = linear(x, p + "attention.self.key")
         v = linear(x, p + "attention.self.value")
+        if attention_op:
+            ctx = node("Attention", [q, k, v, mask4], q_num_heads=heads, kv_num_heads=heads)
+            a = linear(ctx, p + "attention.output.dense")
+            x = layer_norm(node("Add", [a, x]), p + "attention.output.LayerNorm")
+            f = linear(x, p + "intermediate.dense")
+            f = node("Mul", [node("Mul", [f, const(f"half{i}", 0.5)]), node("Add", [node("Erf", [node("Div", [f, const(f"sqrt2_{i}", np.sqrt(2.0))])]), const(f"one{i}", 1.0)])])
+            o = linear(f, p + "output.dense")
+            x = layer_norm(node("Add", [o, x]), p + "output.LayerNorm")
+            continue
         q = node("Transpose", [node("Reshape", [q, split_shape])], perm=[0, 2, 1, 3])
         k = node("Transpose", [node("Reshape", [k, split_shape])], perm=[0, 2, 3, 1])
         v = node("Transpose", [node("Reshape", [v, split_shape])], perm=[0, 2, 1, 3])
@@ -178,8 +196,9 @@ def build_model(model_dir, legacy=False):
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims) for n in (ids, mask, tt)]
     outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", h])]
     graph = helper.make_graph(nodes, "minilm", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14 if legacy else 17)])
-    model.ir_version = 8
+    opset = 23 if attention_op else 14 if legacy else 17
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10 if attention_op else 8
     onnx.checker.check_model(model)
     return model
 
@@ -260,6 +279,7 @@ def main():
     ap.add_argument("--onnx", help="time this ONNX file on both sides instead of the model kiln builds")
     ap.add_argument("--write-onnx", metavar="PATH", help="only write the ONNX graph built from --model to PATH")
     ap.add_argument("--legacy", action="store_true", help="build it as exporters before opset 17 did (LayerNorm written out)")
+    ap.add_argument("--attention-op", action="store_true", help="build it at opset 23 with each attention one standard Attention node")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: hide AVX-512 from CPUID on both sides (an AVX2-only machine on this one)")
     args = ap.parse_args()
@@ -268,7 +288,7 @@ def main():
     if args.write_onnx:
         import onnx
 
-        onnx.save(build_model(args.model, args.legacy), args.write_onnx)
+        onnx.save(build_model(args.model, args.legacy, args.attention_op), args.write_onnx)
         return
     if not os.path.exists(args.kiln):
         subprocess.check_call(["cargo", "build", "--release", "--bin", "kiln"], cwd=ROOT)
@@ -287,7 +307,7 @@ def main():
         source = ["--onnx", os.path.abspath(args.onnx)]
         print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); both sides run {args.onnx}")
     else:
-        sess = session(build_model(args.model, args.legacy), args.threads)
+        sess = session(build_model(args.model, args.legacy, args.attention_op), args.threads)
         source = ["--model", args.model]
         err = check_golden(sess)
         print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")

@@ -13,6 +13,7 @@ use super::tensor::{host_from_tensor, lit_from_tensor, Elem, Lit};
 use super::OnnxModel;
 use crate::ir::GraphExt as _;
 
+mod attention;
 mod contrib;
 mod elementwise;
 mod gather;
@@ -43,7 +44,7 @@ fn unsup<T>(m: impl Into<String>) -> R<T> {
 }
 
 /// One node while it is imported: what the op files (`elementwise`, `linalg`, `norm`, `layout`,
-/// `gather`) read. Like tract's ops that own their rules, each file holds its ops' import, listed
+/// `gather`, `attention`) read. Like tract's ops that own their rules, each file holds its ops' import, listed
 /// in its `OPS`; unlike tract, the rules are functions of the importer, not trait objects: an op
 /// here is only a name in the ONNX file.
 #[derive(Clone, Copy)]
@@ -86,12 +87,13 @@ fn one(v: ValueId) -> R<Vec<ValueId>> {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 5] = [
+const FAMILIES: [(&[&str], ImportFn); 6] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
     (layout::OPS, |im, cx| im.import_layout(cx)),
     (gather::OPS, |im, cx| im.import_gather(cx)),
+    (attention::OPS, |im, cx| im.import_attention(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
