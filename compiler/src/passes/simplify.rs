@@ -9,6 +9,10 @@
 //! - `cast(x)` to x's own dtype → `x`; `neg(neg(x))` → `x`;
 //! - `x*1`, `1*x`, `x+0`, `0+x`, `x-0`, `x/1` → `x` (only where broadcasting does not change
 //!   x's shape);
+//! - an operand `x*ones` (an all-ones constant: how ONNX `Expand` imports) of an elementwise
+//!   binary op or of a softmax's additive mask → `x`, where the op broadcasts `x` to the same
+//!   result (exporters expand BERT's [B,1,1,S] mask to [B,1,S,S]; the attention kernel then reads
+//!   one broadcast mask row instead, and can skip padded keys);
 //! - `matmul(transpose(x))` where the transpose swaps just the last two dims → the MatMul's
 //!   `transpose_a`/`transpose_b` flag (other transposes feeding a MatMul become strides at
 //!   fusion).
@@ -141,28 +145,11 @@ fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> 
                 _ => Ok(None),
             }
         }
-        Op::Binary(op) => {
-            let (a, b) = (ins[0], ins[1]);
-            // `keep` is returned when it already has the result's shape.
-            let same = |v: ValueId| g.node(v).shape == n.shape && g.node(v).dtype == n.dtype;
-            let cb = splat_const(g, b);
-            let ca = splat_const(g, a);
-            let float = n.dtype.is_float();
-            let is_zero = |c: Option<f32>, negative: bool| {
-                c.is_some_and(|c| c == 0.0 && (!float || c.is_sign_negative() == negative))
-            };
-            let r = match op {
-                BinaryOp::Mul if cb == Some(1.0) && same(a) => Some(a),
-                BinaryOp::Mul if ca == Some(1.0) && same(b) => Some(b),
-                // Only `-0` is the identity of float addition (`-0 + +0 = +0`), and only `+0`
-                // of subtraction; integer zeros have one sign.
-                BinaryOp::Add if is_zero(cb, true) && same(a) => Some(a),
-                BinaryOp::Add if is_zero(ca, true) && same(b) => Some(b),
-                BinaryOp::Sub if is_zero(cb, false) && same(a) => Some(a),
-                BinaryOp::Div if cb == Some(1.0) && same(a) => Some(a),
-                _ => None,
-            };
-            Ok(r)
+        Op::Binary(_) | Op::Softmax { .. } if ins.len() == 2 => {
+            if let Some(args) = unexpanded(g, n, ins) {
+                return rw.push(&n.name, n.op.clone(), args, &n.shape).map(Some);
+            }
+            simplify_binary(g, n, ins)
         }
         Op::MatMul { transpose_a, transpose_b } => {
             let mut flags = [*transpose_a, *transpose_b];
@@ -185,4 +172,71 @@ fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> 
         }
         _ => Ok(None),
     }
+}
+
+/// `x` where `v` is `x*ones` or `ones*x` (`ones` an all-ones constant): an `Expand` as ONNX
+/// imports it.
+fn expanded_from(g: &Graph, v: ValueId) -> Option<ValueId> {
+    let n = g.node(v);
+    if n.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    let x = if splat_const(g, b) == Some(1.0) {
+        a
+    } else if splat_const(g, a) == Some(1.0) {
+        b
+    } else {
+        return None;
+    };
+    (g.node(x).dtype == n.dtype).then_some(x)
+}
+
+/// The operands of a binary op or a masked softmax with each expanded operand (see
+/// [`expanded_from`]) replaced by what was expanded, where the op's result keeps its shape;
+/// `None` when nothing changes. `x·1` is `x` bit for bit (NaN, ±inf and -0 included), so only
+/// the broadcast moves into the op.
+fn unexpanded(g: &Graph, n: &kiln_runtime::graph::Node, ins: &[ValueId]) -> Option<Vec<ValueId>> {
+    let mut args = ins.to_vec();
+    let mut changed = false;
+    for k in 0..2 {
+        // A softmax broadcasts only its mask (input 1).
+        if matches!(n.op, Op::Softmax { .. }) && k == 0 {
+            continue;
+        }
+        let Some(x) = expanded_from(g, args[k]) else { continue };
+        let other = &g.node(args[1 - k]).shape;
+        let keeps = crate::ir::infer::broadcast_shapes(&n.name, other, &g.node(x).shape).is_ok_and(|s| s == n.shape);
+        if keeps {
+            args[k] = x;
+            changed = true;
+        }
+    }
+    changed.then_some(args)
+}
+
+/// The identities of a binary op (`x*1`, `x+(-0)`, ...), where broadcasting keeps x's shape.
+fn simplify_binary(g: &Graph, n: &kiln_runtime::graph::Node, ins: &[ValueId]) -> Result<Option<ValueId>> {
+    let Op::Binary(op) = n.op else { return Ok(None) };
+    let (a, b) = (ins[0], ins[1]);
+    // `keep` is returned when it already has the result's shape.
+    let same = |v: ValueId| g.node(v).shape == n.shape && g.node(v).dtype == n.dtype;
+    let cb = splat_const(g, b);
+    let ca = splat_const(g, a);
+    let float = n.dtype.is_float();
+    let is_zero = |c: Option<f32>, negative: bool| {
+        c.is_some_and(|c| c == 0.0 && (!float || c.is_sign_negative() == negative))
+    };
+    let r = match op {
+        BinaryOp::Mul if cb == Some(1.0) && same(a) => Some(a),
+        BinaryOp::Mul if ca == Some(1.0) && same(b) => Some(b),
+        // Only `-0` is the identity of float addition (`-0 + +0 = +0`), and only `+0`
+        // of subtraction; integer zeros have one sign.
+        BinaryOp::Add if is_zero(cb, true) && same(a) => Some(a),
+        BinaryOp::Add if is_zero(ca, true) && same(b) => Some(b),
+        BinaryOp::Sub if is_zero(cb, false) && same(a) => Some(a),
+        BinaryOp::Div if cb == Some(1.0) && same(a) => Some(a),
+        _ => None,
+    };
+    Ok(r)
 }
