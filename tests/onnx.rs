@@ -248,14 +248,19 @@ fn ort_optimized_export_matches_onnxruntime() {
 fn legacy_style_export_matches_onnxruntime_and_fuses() {
     let Some((dir, out, model)) = legacy_export("legacy") else { return };
     matches_onnxruntime(&model, &dir, &out.join("case"));
+    same_kernels_as_own_graph(&model);
+}
+
+/// `model` at 8×128 lowers to the kernels of kiln's own MiniLM graph (kinds and counts).
+fn same_kernels_as_own_graph(model: &Path) {
     use kiln_compiler::frontends::onnx::OnnxModel;
     use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-    let m = OnnxModel::open(&model, &[]).unwrap();
+    let m = OnnxModel::open(model, &[]).unwrap();
     let own = build_bert(&BertConfig::minilm_l6(), "", BertOutputs::default()).unwrap();
     let b = kiln_runtime::Bucket::new(8, 128);
     let theirs = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program.kernels_by_kind();
     let ours = kiln_compiler::pipeline::run_pipeline(&own, b).unwrap().program.kernels_by_kind();
-    assert_eq!(theirs, ours, "the legacy export's kernels vs kiln's own graph's");
+    assert_eq!(theirs, ours, "{}'s kernels vs kiln's own graph's", model.display());
 }
 
 /// MiniLM at opset 23 with each attention one standard `Attention` node (3-D Q, K, V, the
@@ -267,14 +272,7 @@ fn legacy_style_export_matches_onnxruntime_and_fuses() {
 fn attention_op_export_matches_onnxruntime_and_fuses() {
     let Some((dir, out, model)) = written_export("attention_op", "--attention-op") else { return };
     matches_onnxruntime(&model, &dir, &out.join("case"));
-    use kiln_compiler::frontends::onnx::OnnxModel;
-    use kiln_compiler::models::bert::{build_bert, BertConfig, BertOutputs};
-    let m = OnnxModel::open(&model, &[]).unwrap();
-    let own = build_bert(&BertConfig::minilm_l6(), "", BertOutputs::default()).unwrap();
-    let b = kiln_runtime::Bucket::new(8, 128);
-    let theirs = kiln_compiler::pipeline::run_pipeline(&m.graph_for(b).unwrap(), b).unwrap().program.kernels_by_kind();
-    let ours = kiln_compiler::pipeline::run_pipeline(&own, b).unwrap().program.kernels_by_kind();
-    assert_eq!(theirs, ours, "the opset-23 Attention export's kernels vs kiln's own graph's");
+    same_kernels_as_own_graph(&model);
 }
 
 /// The legacy-style export with its sequence dim fixed at 16 (as exports for one length are):
