@@ -9,7 +9,8 @@
 //! (bottom-right aligned past the cache); grouped-query attention (each KV head repeated for its
 //! group); `past_key` / `past_value` with the `present_*` outputs. A row with every key masked
 //! gives zeros, as the spec says (the guard is `Where(IsNaN(p), 0, p)`, which the fusion takes as
-//! its zero-NaN-rows flag). Refused: `nonpad_kv_seqlen`, sliding windows, and the
+//! its zero-NaN-rows flag; unlike the spec, which decides on the mask alone, it also zeroes a row
+//! a NaN or +inf score made NaN). Refused: `nonpad_kv_seqlen`, sliding windows, and the
 //! `qk_matmul_output` output.
 
 use kiln_runtime::graph::{BinaryOp, Op, UnaryOp, ValueId};
