@@ -44,9 +44,9 @@ fn unsup<T>(m: impl Into<String>) -> R<T> {
 }
 
 /// One node while it is imported: what the op files (`elementwise`, `linalg`, `norm`, `layout`,
-/// `gather`, `attention`) read. Like tract's ops that own their rules, each file holds its ops' import, listed
-/// in its `OPS`; unlike tract, the rules are functions of the importer, not trait objects: an op
-/// here is only a name in the ONNX file.
+/// `gather`, `attention`) read. Like tract's ops that own their rules, each file holds its ops'
+/// import, listed in its `OPS`; unlike tract, the rules are functions of the importer, not trait
+/// objects: an op here is only a name in the ONNX file.
 #[derive(Clone, Copy)]
 struct NodeCx<'a> {
     op: &'a str,
