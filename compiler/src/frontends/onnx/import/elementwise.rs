@@ -8,7 +8,12 @@ use super::super::tensor::{Elem, Lit};
 use super::{like_code, one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Relu", "Gelu", "Log", "Softplus", "Floor", "Ceil", "Round", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN"];
+pub(super) const OPS: &[&str] = &[
+    "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Pow", "Sqrt",
+    "Reciprocal", "Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Relu", "Gelu", "Log", "Softplus",
+    "Floor", "Ceil", "Round", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
+    "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
+];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.

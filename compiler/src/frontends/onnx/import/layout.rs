@@ -9,7 +9,10 @@ use super::super::tensor::{Elem, Lit};
 use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split", "Expand", "Tile"];
+pub(super) const OPS: &[&str] = &[
+    "Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split",
+    "Expand", "Tile",
+];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.

@@ -9,7 +9,9 @@ use super::super::tensor::{Elem, Lit};
 use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["MatMul", "Gemm", "DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"];
+pub(super) const OPS: &[&str] = &[
+    "MatMul", "Gemm", "DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear",
+];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.

@@ -9,7 +9,11 @@ use super::super::tensor::{Elem, Lit};
 use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"];
+pub(super) const OPS: &[&str] = &[
+    "Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization",
+    "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
