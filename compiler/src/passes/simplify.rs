@@ -11,8 +11,8 @@
 //!   x's shape);
 //! - an operand `x*ones` (an all-ones constant: how ONNX `Expand` imports) of an elementwise
 //!   binary op or of a softmax's additive mask → `x`, where the op broadcasts `x` to the same
-//!   result (exporters expand BERT's [B,1,1,S] mask to [B,1,S,S]; the attention kernel then reads
-//!   one broadcast mask row instead, and can skip padded keys);
+//!   result (exporters expand BERT's `[B,1,1,S]` mask to `[B,1,S,S]`; the attention kernel
+//!   then reads one broadcast mask row instead, and can skip padded keys);
 //! - `matmul(transpose(x))` where the transpose swaps just the last two dims → the MatMul's
 //!   `transpose_a`/`transpose_b` flag (other transposes feeding a MatMul become strides at
 //!   fusion).
