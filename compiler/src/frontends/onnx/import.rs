@@ -20,6 +20,7 @@ mod gather;
 mod layout;
 mod linalg;
 mod norm;
+mod rotary;
 pub use contrib::CONTRIB;
 
 /// Why a node could not be imported.
@@ -44,9 +45,9 @@ fn unsup<T>(m: impl Into<String>) -> R<T> {
 }
 
 /// One node while it is imported: what the op files (`elementwise`, `linalg`, `norm`, `layout`,
-/// `gather`, `attention`) read. Like tract's ops that own their rules, each file holds its ops'
-/// import, listed in its `OPS`; unlike tract, the rules are functions of the importer, not trait
-/// objects: an op here is only a name in the ONNX file.
+/// `gather`, `attention`, `rotary`) read. Like tract's ops that own their rules, each file holds
+/// its ops' import, listed in its `OPS`; unlike tract, the rules are functions of the importer,
+/// not trait objects: an op here is only a name in the ONNX file.
 #[derive(Clone, Copy)]
 struct NodeCx<'a> {
     op: &'a str,
@@ -87,13 +88,14 @@ fn one(v: ValueId) -> R<Vec<ValueId>> {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 6] = [
+const FAMILIES: [(&[&str], ImportFn); 7] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
     (layout::OPS, |im, cx| im.import_layout(cx)),
     (gather::OPS, |im, cx| im.import_gather(cx)),
     (attention::OPS, |im, cx| im.import_attention(cx)),
+    (rotary::OPS, |im, cx| im.import_rotary(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
