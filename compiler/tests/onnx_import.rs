@@ -338,3 +338,103 @@ fn refused_contrib_attention_and_foreign_domains_name_the_node() {
         assert_eq!(msg.matches(p.to_str().unwrap()).count(), 1, "the file named once: {msg}");
     }
 }
+
+/// Malformed standard `Attention` (opset 23) and `RotaryEmbedding` nodes: each is a one-line
+/// error naming the file once, the node, and what is wrong with it (`Model` for shapes and
+/// attributes the op's definition rules out, `Unsupported` for what kiln does not run).
+#[test]
+fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
+    use tensor_proto::DataType::{Float, Int64};
+    let dir = tempfile::tempdir().unwrap();
+    let bsd = |d: i64| vec![Err("batch"), Err("sequence"), Ok(d)];
+    let bhsd = vec![Err("batch"), Ok(2), Err("sequence"), Ok(4)];
+    // One node over graph inputs `ins` (name, dims; "position_ids" is int64) and initializers,
+    // in a file of its own.
+    let count = std::cell::Cell::new(0);
+    let write_model = |n: NodeProto, ins: &[(&str, Vec<Result<i64, &str>>)], inits: Vec<TensorProto>| {
+        let g = GraphProto {
+            node: vec![n],
+            input: ins.iter().map(|(name, d)| vi(name, if *name == "position_ids" { 7 } else { 1 }, d)).collect(),
+            output: vec![vi("y", 1, &bsd(8))],
+            initializer: inits,
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(10),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(23) }],
+            graph: Some(g),
+            ..Default::default()
+        };
+        count.set(count.get() + 1);
+        let p = dir.path().join(format!("model{}.onnx", count.get()));
+        std::fs::write(&p, m.encode_to_vec()).unwrap();
+        p
+    };
+    let qkv3 = || vec![("q", bsd(8)), ("k", bsd(8)), ("v", bsd(8))];
+    let heads = |q: i64, kv: i64| vec![int_attr("q_num_heads", q), int_attr("kv_num_heads", kv)];
+    let attn = |ins: &[&str], attrs| node("Attention", ins, &["y"], attrs);
+    let mask = |cols: i64| tensor("mask", Float, &[4, cols], vec![0.0; 4 * cols as usize], vec![], None);
+    let cache = |name: &str, half: i64| tensor(name, Float, &[16, half], vec![0.5; 16 * half as usize], vec![], None);
+    let rotary_ins = |x| vec![("x", x), ("position_ids", vec![Err("batch"), Err("sequence")])];
+    let rotary = |attrs| node("RotaryEmbedding", &["x", "cos", "sin", "position_ids"], &["y"], attrs);
+    let bad_model = |s: &str| (true, s.to_string());
+    let unsupported = |s: &str| (false, s.to_string());
+    let cases = [
+        (write_model(attn(&["q", "k", "v"], vec![]), &qkv3(), vec![]), bad_model("3-D Attention needs q_num_heads > 0 (got 0)")),
+        (write_model(attn(&["q", "k", "v"], heads(3, 3)), &qkv3(), vec![]), bad_model("Attention input of width 8 for 3 heads")),
+        (
+            write_model(attn(&["q", "k", "v"], vec![]), &[("q", bsd(8)), ("k", bhsd.clone()), ("v", bhsd.clone())], vec![]),
+            bad_model("Attention Q, K, V of ranks [3, 4, 4] (all 3 or all 4)"),
+        ),
+        (write_model(attn(&["q", "k", "v"], heads(2, 4)), &qkv3(), vec![]), bad_model("Attention Q [1, 2, 4, 4], K [1, 4, 4, 2], V [1, 4, 4, 2]")),
+        (
+            write_model(attn(&["q", "k", "v", "", "pk"], heads(2, 2)), &[qkv3(), vec![("pk", bhsd.clone())]].concat(), vec![]),
+            bad_model("Attention needs past_key and past_value together"),
+        ),
+        (write_model(attn(&["q", "k", "v", "mask"], heads(2, 2)), &qkv3(), vec![mask(9)]), bad_model("Attention attn_mask of shape [4, 9] for 4 keys")),
+        (
+            write_model(attn(&["q", "k", "v", "", "pk", "pv"], heads(2, 2)), &[qkv3(), vec![("pk", bsd(4)), ("pv", bsd(4))]].concat(), vec![]),
+            bad_model("Attention past_key of shape [1, 4, 4] for rows of shape [1, 2, 4, 4]"),
+        ),
+        (
+            write_model(attn(&["q", "k", "v", "mask"], heads(2, 2)), &qkv3(), vec![tensor("mask", Float, &[], vec![0.0], vec![], None)]),
+            bad_model("Attention attn_mask of shape [] for 4 keys"),
+        ),
+        (
+            write_model(
+                attn(&["q", "k", "v", "", "pk", "pv"], heads(2, 2)),
+                &[qkv3(), vec![("pk", vec![Err("batch"), Ok(2), Ok(3), Ok(4)]), ("pv", vec![Err("batch"), Ok(2), Ok(3), Ok(5)])]].concat(),
+                vec![],
+            ),
+            bad_model("Attention past_value of shape [1, 2, 3, 5] for rows of shape [1, 2, 4, 4]"),
+        ),
+        (
+            write_model(attn(&["q", "k", "v"], [heads(2, 2), vec![int_attr("left_window_size", 2)]].concat()), &qkv3(), vec![]),
+            unsupported("Attention with a sliding window"),
+        ),
+        (
+            write_model(rotary(vec![]), &rotary_ins(bsd(8)), vec![cache("cos", 2), cache("sin", 2)]),
+            bad_model("3-D RotaryEmbedding of width 8 needs num_heads dividing it (got 0)"),
+        ),
+        (
+            write_model(rotary(vec![]), &rotary_ins(vec![Err("batch"), Ok(8)]), vec![cache("cos", 2), cache("sin", 2)]),
+            bad_model("RotaryEmbedding input of shape [1, 8] (rank 3 or 4)"),
+        ),
+        (
+            write_model(rotary(vec![int_attr("rotary_embedding_dim", 3)]), &rotary_ins(bhsd.clone()), vec![cache("cos", 2), cache("sin", 2)]),
+            bad_model("rotary_embedding_dim 3 for heads of 4"),
+        ),
+        (
+            write_model(rotary(vec![]), &rotary_ins(bhsd.clone()), vec![cache("cos", 3), cache("sin", 3)]),
+            bad_model("RotaryEmbedding cache rows of shape [1, 4, 3], not [1, 4, 2]"),
+        ),
+    ];
+    for (p, (is_model_error, want)) in cases {
+        let e = OnnxModel::open(&p, &[]).unwrap().graph_for(Bucket::new(1, 4)).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(matches!(e, Error::Model { .. }), is_model_error, "{msg}");
+        assert!(is_model_error || matches!(e, Error::Unsupported(_)), "{msg}");
+        assert!(msg.contains("node `n_y` (") && msg.contains(&want) && !msg.contains('\n'), "want `{want}`: {msg}");
+        assert_eq!(msg.matches(p.to_str().unwrap()).count(), 1, "the file named once: {msg}");
+    }
+}

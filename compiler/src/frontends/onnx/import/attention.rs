@@ -66,7 +66,14 @@ impl Importer<'_> {
         let mut past_len = 0;
         if given(4) {
             let (pk, pv) = (f32_of(self, 4)?, f32_of(self, 5)?);
-            past_len = self.shape(&Val::Node(pk)).get(2).copied().unwrap_or(0);
+            // The cache extends K and V along their rows: every other dim must agree.
+            for (what, past, now) in [("past_key", pk, k), ("past_value", pv, v)] {
+                let (ps, ns) = (self.shape(&Val::Node(past)), self.shape(&Val::Node(now)));
+                if ps.len() != 4 || [ps[0], ps[1], ps[3]] != [ns[0], ns[1], ns[3]] {
+                    return Err(Fail::Invalid(format!("Attention {what} of shape {ps:?} for rows of shape {ns:?}")));
+                }
+            }
+            past_len = self.shape(&Val::Node(pk))[2];
             k = self.tmp(name, Op::Concat { axis: 2 }, vec![pk, k])?;
             v = self.tmp(name, Op::Concat { axis: 2 }, vec![pv, v])?;
         }
