@@ -344,7 +344,7 @@ fn refused_contrib_attention_and_foreign_domains_name_the_node() {
 /// attributes the op's definition rules out, `Unsupported` for what kiln does not run).
 #[test]
 fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
-    use tensor_proto::DataType::{Float, Int64};
+    use tensor_proto::DataType::Float;
     let dir = tempfile::tempdir().unwrap();
     let bsd = |d: i64| vec![Err("batch"), Err("sequence"), Ok(d)];
     let bhsd = vec![Err("batch"), Ok(2), Err("sequence"), Ok(4)];
