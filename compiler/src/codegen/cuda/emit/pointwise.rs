@@ -3,6 +3,25 @@
 
 use super::*;
 
+/// Threads per block of the one-thread-per-element templates (their `__launch_bounds__(256)` and
+/// `blockIdx.x * 256ull`).
+const PER_ELEMENT_BLOCK: u32 = 256;
+
+/// A one-thread-per-element kernel: `template` (file name, text) specialized with the kernel's
+/// name, parameters, element count and coordinate code plus `parts`, over a 1-D grid.
+fn per_element(ctx: &Ctx, kind: &str, template: (&str, &str), numel: usize, coords: &str, parts: Vec<(&str, String)>) -> Result<Body> {
+    let mut subs = vec![
+        ("NAME", ctx.name.clone()),
+        ("PARAMS", ctx.param_list()),
+        ("NUMEL", numel.to_string()),
+        ("COORDS", coords.trim_end().to_string()),
+    ];
+    subs.extend(parts);
+    let source = specialize(template.0, template.1, &subs)?;
+    let grid = grid_1d(ctx, numel as u64, PER_ELEMENT_BLOCK as u64)?;
+    Ok(Body { kind: kind.to_string(), source, grid, block: [PER_ELEMENT_BLOCK, 1, 1] })
+}
+
 pub(super) fn emit_elementwise(ctx: &Ctx, expr: &Expr) -> Result<Body> {
     let k = ctx.kernel;
     let shape = k.output.shape.clone();
@@ -24,7 +43,7 @@ pub(super) fn emit_elementwise(ctx: &Ctx, expr: &Expr) -> Result<Body> {
         let t = &k.inputs[j];
         let src = format!("{}[{}]", ctx.p(t.buffer), ctx.index(t, &names)?);
         let _ = writeln!(body, "    {}[{out_idx}] = ({}){src};", ctx.p(k.output.buffer), c_type(out_dt));
-        kind = "copy".to_string();
+        kind = "copy";
     } else {
         let mut load = |j: usize| -> Result<String> {
             let t = k.inputs.get(j).ok_or_else(|| ctx.err(format!("expression loads input {j}")))?;
@@ -33,20 +52,9 @@ pub(super) fn emit_elementwise(ctx: &Ctx, expr: &Expr) -> Result<Body> {
         let (code, root) = expr_code(expr, "e", "    ", &mut load, None)?;
         body.push_str(&code);
         let _ = writeln!(body, "    {}", ctx.store_f32(k.output.buffer, &out_idx, &root));
-        kind = "elementwise".to_string();
+        kind = "elementwise";
     }
-    let source = specialize(
-        "elementwise.cuh",
-        template::ELEMENTWISE,
-        &[
-            ("NAME", ctx.name.clone()),
-            ("PARAMS", ctx.param_list()),
-            ("NUMEL", numel.to_string()),
-            ("COORDS", coords.trim_end().to_string()),
-            ("BODY", body.trim_end().to_string()),
-        ],
-    )?;
-    Ok(Body { kind, source, grid: grid_1d(ctx, numel as u64, 256)?, block: [256, 1, 1] })
+    per_element(ctx, kind, ("elementwise.cuh", template::ELEMENTWISE), numel, &coords, vec![("BODY", body.trim_end().to_string())])
 }
 
 pub(super) fn emit_gather(ctx: &Ctx) -> Result<Body> {
@@ -85,20 +93,8 @@ pub(super) fn emit_gather(ctx: &Ctx) -> Result<Body> {
     } else {
         format!("    {}", ctx.store_f32(k.output.buffer, &out_idx, &to_f32(tdt, &src)))
     };
-    let source = specialize(
-        "gather.cuh",
-        template::GATHER,
-        &[
-            ("NAME", ctx.name.clone()),
-            ("PARAMS", ctx.param_list()),
-            ("NUMEL", numel.to_string()),
-            ("COORDS", coords.trim_end().to_string()),
-            ("ID_LOAD", id_load),
-            ("ROWS", table.shape[0].to_string()),
-            ("STORE", store),
-        ],
-    )?;
-    Ok(Body { kind: "gather".into(), source, grid: grid_1d(ctx, numel as u64, 256)?, block: [256, 1, 1] })
+    let parts = vec![("ID_LOAD", id_load), ("ROWS", table.shape[0].to_string()), ("STORE", store)];
+    per_element(ctx, "gather", ("gather.cuh", template::GATHER), numel, &coords, parts)
 }
 
 pub(super) fn emit_concat(ctx: &Ctx, axis: usize) -> Result<Body> {
@@ -135,16 +131,5 @@ pub(super) fn emit_concat(ctx: &Ctx, axis: usize) -> Result<Body> {
     if start != shape[axis] {
         return Err(Error::internal("cuda emit", format!("concat `{}`: inputs cover {start} of {} along axis {axis}", k.name, shape[axis])));
     }
-    let source = specialize(
-        "concat.cuh",
-        template::CONCAT,
-        &[
-            ("NAME", ctx.name.clone()),
-            ("PARAMS", ctx.param_list()),
-            ("NUMEL", numel.to_string()),
-            ("COORDS", coords.trim_end().to_string()),
-            ("BODY", body.trim_end().to_string()),
-        ],
-    )?;
-    Ok(Body { kind: "concat".into(), source, grid: grid_1d(ctx, numel as u64, 256)?, block: [256, 1, 1] })
+    per_element(ctx, "concat", ("concat.cuh", template::CONCAT), numel, &coords, vec![("BODY", body.trim_end().to_string())])
 }
