@@ -36,18 +36,6 @@ pub fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(_mm256_mul_ps(y, s1), s2)
 }
 
-/// e^x for the internal uses (softmax, erf, tanh, GELU, sigmoid): one scaling step, so
-/// inputs are clamped to [-87.3, 88.3] and the results stay normal; below -87.3 the result
-/// is flushed to zero (not e^-87.3: a softmax weight of an -inf score must be an exact 0, or
-/// `weight·inf` in the value product turns 0·inf = NaN into ±inf). NaN propagates. Same
-/// accuracy as `exp8` inside that range.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub fn exp8_lean(x: __m256) -> __m256 {
-    // SAFETY: AVX2+FMA enabled on this function.
-    unsafe { simd::exp_lean(x) }
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub fn erf8(x: __m256) -> __m256 {

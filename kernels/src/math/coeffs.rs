@@ -87,6 +87,6 @@ pub const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 pub const GELU_TANH_C: f32 = 0.044_715;
 /// 1.5·2²³: adding it rounds a float in ±2²² to an integer held in the low mantissa bits.
 pub const ROUND_MAGIC: f32 = 12_582_912.0;
-/// Input clamp of the internal exp (`exp8_lean`).
+/// Input clamp of the internal exp (`simd::exp_lean`).
 pub const EXP_LEAN_MIN: f32 = -87.3;
 pub const EXP_LEAN_MAX: f32 = 88.3;

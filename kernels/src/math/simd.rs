@@ -28,11 +28,49 @@ pub unsafe fn horner<V: Lanes>(t: V, c: &[f32]) -> V {
 /// accuracy as the full-range `exp8` inside that range.
 #[inline(always)]
 pub unsafe fn exp_lean<V: Lanes>(x: V) -> V {
+    unsafe { exp_clamped::<V, true>(x) }
+}
+
+/// [`exp_lean`] for `x <= 0` or NaN (a softmax's `s - max`), bit for bit: the upper clamp,
+/// which such an `x` never reaches, is left out.
+#[inline(always)]
+pub unsafe fn exp_nonpos<V: Lanes>(x: V) -> V {
+    unsafe { exp_clamped::<V, false>(x) }
+}
+
+/// [`exp_nonpos`] of K vectors, each step for all K before the next (as [`gelu_erf_n`]): K
+/// independent chains in flight instead of one. The same operations per element.
+#[inline(always)]
+pub unsafe fn exp_nonpos_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
+    unsafe {
+        let lo = V::splat(EXP_LEAN_MIN);
+        let magic = V::splat(ROUND_MAGIC + 127.0);
+        let (mut t, mut r, mut y) = (x, x, x);
+        for i in 0..K {
+            let xc = lo.max(x[i]);
+            t[i] = xc.fmadd(V::splat(LOG2E), magic);
+            let n = t[i].sub(magic);
+            r[i] = n.fnmadd(V::splat(LN2_LO), n.fnmadd(V::splat(LN2_HI), xc));
+        }
+        for i in 0..K {
+            y[i] = horner(r[i], &EXP_P);
+        }
+        for i in 0..K {
+            let e = y[i].fmadd(r[i].mul(r[i]), r[i]).add(V::splat(1.0));
+            y[i] = e.mul(t[i].shl23()).zero_unless(x[i].nlt(lo));
+        }
+        y
+    }
+}
+
+/// [`exp_lean`], with its upper clamp only when `UPPER`.
+#[inline(always)]
+unsafe fn exp_clamped<V: Lanes, const UPPER: bool>(x: V) -> V {
     unsafe {
         let lo = V::splat(EXP_LEAN_MIN);
         // Set where x >= -87.3 or x is NaN (not-less-than, unordered is true).
         let keep = x.nlt(lo);
-        let xc = lo.max(V::splat(EXP_LEAN_MAX).min(x));
+        let xc = if UPPER { lo.max(V::splat(EXP_LEAN_MAX).min(x)) } else { lo.max(x) };
         // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
         let magic = V::splat(ROUND_MAGIC + 127.0);
         let t = xc.fmadd(V::splat(LOG2E), magic);

@@ -118,7 +118,8 @@ pub fn softmax_rows(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2_softmax {
-    use super::avx2::{exp8_lean, tail_mask};
+    use super::avx2::tail_mask;
+    use super::simd::{exp_nonpos, exp_nonpos_n};
     use std::arch::x86_64::*;
 
     #[inline]
@@ -144,14 +145,24 @@ mod avx2_softmax {
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn exp_shift_sum(x: *mut f32, mask: *const f32, n: usize) -> (f32, f32) {
         // Full vectors use plain loads/stores; only the tail is masked (AMD's masked stores are
-        // slow). Two accumulators per pass hide the max/add latency.
+        // slow). Two accumulators per pass hide the max/add latency; the max of the non-NaN
+        // values does not depend on their order (a NaN makes the sum NaN whatever max it left).
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let (mut m0, mut m1) = (ninf, ninf);
         let mut i = 0;
         // SAFETY (both passes): full vectors at i + 8 <= n, tail lanes masked to < n.
         unsafe {
             if !mask.is_null() {
-                // Masked: x += mask first, taking the max on the way.
+                // Masked: x += mask first, taking the max on the way (two chains of maxes).
+                while i + 16 <= n {
+                    let v0 = _mm256_add_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(mask.add(i)));
+                    let v1 = _mm256_add_ps(_mm256_loadu_ps(x.add(i + 8)), _mm256_loadu_ps(mask.add(i + 8)));
+                    _mm256_storeu_ps(x.add(i), v0);
+                    _mm256_storeu_ps(x.add(i + 8), v1);
+                    m0 = _mm256_max_ps(m0, v0);
+                    m1 = _mm256_max_ps(m1, v1);
+                    i += 16;
+                }
                 while i + 8 <= n {
                     let v = _mm256_add_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(mask.add(i)));
                     _mm256_storeu_ps(x.add(i), v);
@@ -194,9 +205,28 @@ mod avx2_softmax {
         i = 0;
         // SAFETY: as above.
         let (s0, s1) = unsafe {
+            // Four exponentials side by side (`exp_nonpos_n`), their sums into the two
+            // accumulators in the order of the 16-float loop below. Measured (`attn_bench 512`,
+            // 1 thread, Zen 4): attention 5.25 -> 4.96 ms on this path, 4.84 -> 4.75 ms on the
+            // AVX-512 one (its loop below); eight side by side were no faster.
+            while i + 32 <= n {
+                let mut v = [mxv; 4];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    *vj = _mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8 * j)), mxv);
+                }
+                let e = exp_nonpos_n(v);
+                for (j, &ej) in e.iter().enumerate() {
+                    _mm256_storeu_ps(x.add(i + 8 * j), ej);
+                }
+                s0 = _mm256_add_ps(s0, e[0]);
+                s1 = _mm256_add_ps(s1, e[1]);
+                s0 = _mm256_add_ps(s0, e[2]);
+                s1 = _mm256_add_ps(s1, e[3]);
+                i += 32;
+            }
             while i + 16 <= n {
-                let e0 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
-                let e1 = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), mxv));
+                let e0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
+                let e1 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), mxv));
                 _mm256_storeu_ps(x.add(i), e0);
                 _mm256_storeu_ps(x.add(i + 8), e1);
                 s0 = _mm256_add_ps(s0, e0);
@@ -219,14 +249,14 @@ mod avx2_softmax {
         // SAFETY: a full vector at i + 8 <= n, tail lanes masked to < n.
         unsafe {
             if i + 8 <= n {
-                let e = exp8_lean(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
+                let e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), mxv));
                 _mm256_storeu_ps(x.add(i), e);
                 s0 = _mm256_add_ps(s0, e);
                 i += 8;
             }
             if i < n {
                 let m = tail_mask(n - i);
-                let e = exp8_lean(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
+                let e = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), mxv));
                 let e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
                 _mm256_maskstore_ps(x.add(i), m, e);
                 s1 = _mm256_add_ps(s1, e);
@@ -245,10 +275,26 @@ mod avx2_softmax {
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(crate) unsafe fn exp_shift_sum_512(x: *mut f32, mask: *const f32, n: usize) -> (f32, f32) {
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let mut mv = ninf;
+        let (mut mv, mut mv1) = (ninf, ninf);
         let mut i = 0;
         // SAFETY (both passes): full vectors at i + 16 <= n, masked lanes < n.
         unsafe {
+            // Two chains of maxes over full vector pairs, then the rest one (masked) vector at
+            // a time.
+            while i + 32 <= n {
+                let mut v0 = _mm512_loadu_ps(x.add(i));
+                let mut v1 = _mm512_loadu_ps(x.add(i + 16));
+                if !mask.is_null() {
+                    v0 = _mm512_add_ps(v0, _mm512_loadu_ps(mask.add(i)));
+                    v1 = _mm512_add_ps(v1, _mm512_loadu_ps(mask.add(i + 16)));
+                    _mm512_storeu_ps(x.add(i), v0);
+                    _mm512_storeu_ps(x.add(i + 16), v1);
+                }
+                mv = _mm512_max_ps(mv, v0);
+                mv1 = _mm512_max_ps(mv1, v1);
+                i += 32;
+            }
+            mv = _mm512_max_ps(mv, mv1);
             while i < n {
                 let w = (n - i).min(16);
                 let k: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
@@ -273,8 +319,20 @@ mod avx2_softmax {
         i = 0;
         // SAFETY: as above.
         unsafe {
+            while i + 64 <= n {
+                let mut v = [mxv; 4];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    *vj = _mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16 * j)), mxv);
+                }
+                let e = exp_nonpos_n(v);
+                for (j, &ej) in e.iter().enumerate() {
+                    _mm512_storeu_ps(x.add(i + 16 * j), ej);
+                    s = _mm512_add_ps(s, ej);
+                }
+                i += 64;
+            }
             while i + 16 <= n {
-                let e = super::simd::exp_lean(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), mxv));
+                let e = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), mxv));
                 _mm512_storeu_ps(x.add(i), e);
                 s = _mm512_add_ps(s, e);
                 i += 16;
