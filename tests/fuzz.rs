@@ -8,8 +8,8 @@
 //! Targets: the artifact decoder and verifier (as read, and with the checksum recomputed after
 //! the mutation, as an attacker would, so the decoder behind it is reached), the safetensors
 //! loader, the BERT config parser, the BERT graph builder, the bucket parser, and the ONNX
-//! frontend (a model with shape folding, contrib ops and an int8 weight, decoded, imported and
-//! run on the reference backend).
+//! frontend (a model with shape folding, contrib ops and an int8 weight, and one of the opset-23
+//! RotaryEmbedding and Attention, each decoded, imported and run on the reference backend).
 //!
 //! `KILN_FUZZ_CASES` sets the cases per target (default 256, the bounded run of the test
 //! suite); the long run is
@@ -329,12 +329,163 @@ fn run_onnx(bytes: &[u8]) {
     let _ = kiln::onnx::run_model(&m, &inputs, kiln::BackendKind::Reference);
 }
 
+/// The shapes and attributes of [`onnx23_model`].
+#[derive(Debug, Clone)]
+struct Onnx23 {
+    /// Embedding width (Q's width).
+    width: i64,
+    /// Width of K and V (`MatMul` by a [width, kv_width] weight).
+    kv_width: i64,
+    q_heads: i64,
+    kv_heads: i64,
+    causal: i64,
+    /// The attention mask's dims (float, an initializer), or none.
+    mask: Option<Vec<i64>>,
+    rotary_heads: i64,
+    rotary_dim: i64,
+    interleaved: i64,
+    /// Rows and columns of the cos and sin caches.
+    cache: (i64, i64),
+}
+
+/// A model of the opset-23 ops written over kiln ops at import: RotaryEmbedding (3-D, caches
+/// indexed by position ids) feeding the standard Attention (3-D, grouped-query heads, causal,
+/// with a float mask).
+fn onnx23_model(c: &Onnx23) -> Vec<u8> {
+    use kiln_compiler::frontends::onnx::proto::{
+        tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    };
+    use prost::Message;
+    let vi = |name: &str, elem: DataType, dims: &[Result<i64, &str>]| kiln_testkit::onnx_proto::value_info(name, elem as i32, dims);
+    let f32s = |name: &str, dims: &[i64]| {
+        let n: i64 = dims.iter().map(|&d| d.max(0)).product();
+        let v = (0..n).map(|i| ((i * 37 % 19) as f32 - 9.0) / 10.0).collect();
+        TensorProto { name: Some(name.into()), data_type: Some(DataType::Float as i32), dims: dims.to_vec(), float_data: v, ..Default::default() }
+    };
+    let int = |name: &str, k: i64| AttributeProto { name: Some(name.into()), i: Some(k), r#type: Some(2), ..Default::default() };
+    let node = |op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>| NodeProto {
+        op_type: Some(op.into()),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    };
+    let rotary = vec![int("num_heads", c.rotary_heads), int("rotary_embedding_dim", c.rotary_dim), int("interleaved", c.interleaved)];
+    let attention = vec![int("q_num_heads", c.q_heads), int("kv_num_heads", c.kv_heads), int("is_causal", c.causal)];
+    let mut attn_in = vec!["xr", "kv", "kv"];
+    let mut init = vec![
+        f32s("emb", &[30, c.width]),
+        f32s("cos", &[c.cache.0, c.cache.1]),
+        f32s("sin", &[c.cache.0, c.cache.1]),
+        f32s("wkv", &[c.width, c.kv_width]),
+    ];
+    if let Some(dims) = &c.mask {
+        attn_in.push("mask");
+        init.push(f32s("mask", dims));
+    }
+    let g = GraphProto {
+        node: vec![
+            node("Gather", &["emb", "input_ids"], &["x"], vec![]),
+            node("RotaryEmbedding", &["x", "cos", "sin", "position_ids"], &["xr"], rotary),
+            node("MatMul", &["x", "wkv"], &["kv"], vec![]),
+            node("Attention", &attn_in, &["y"], attention),
+        ],
+        input: vec![
+            vi("input_ids", DataType::Int64, &[Err("batch"), Err("sequence")]),
+            vi("position_ids", DataType::Int64, &[Err("batch"), Err("sequence")]),
+        ],
+        output: vec![vi("y", DataType::Float, &[Err("batch"), Err("sequence"), Ok(c.width)])],
+        initializer: init,
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(23) }],
+        graph: Some(g),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// [`onnx23_model`] well formed: width 8 in 2 query heads of 4, one KV head, rotary over whole
+/// heads, a [3, 3] mask (`run_onnx` runs 3 × 3).
+fn onnx23_seed() -> &'static [u8] {
+    static SEED: OnceLock<Vec<u8>> = OnceLock::new();
+    SEED.get_or_init(|| {
+        onnx23_model(&Onnx23 {
+            width: 8,
+            kv_width: 4,
+            q_heads: 2,
+            kv_heads: 1,
+            causal: 1,
+            mask: Some(vec![3, 3]),
+            rotary_heads: 2,
+            rotary_dim: 0,
+            interleaved: 0,
+            cache: (16, 2),
+        })
+    })
+}
+
+/// Consistent shapes and attributes (head size 2, 4 or 6, 1..3 KV heads each shared by 1..3
+/// query heads, rotary over whole heads, a mask of a shape that broadcasts, of any shape, or
+/// none) with, in most cases, one of them replaced by an arbitrary value.
+fn onnx23_params() -> impl Strategy<Value = Onnx23> {
+    let masks = prop_oneof![
+        Just(None),
+        Just(Some(vec![3, 3])),
+        Just(Some(vec![3, 1, 1, 3])),
+        Just(Some(vec![1, 2])),
+        proptest::option::of(proptest::collection::vec(0i64..5, 0..6)),
+    ];
+    let any = -1i64..10;
+    (1i64..4, 1i64..4, 1i64..4, 0i64..2, masks, 0usize..9, any, 0i64..2).prop_map(|(half, hk, group, causal, mask, broken, v, interleaved)| {
+        let (d, hq) = (2 * half, hk * group);
+        let mut c = Onnx23 {
+            width: hq * d,
+            kv_width: hk * d,
+            q_heads: hq,
+            kv_heads: hk,
+            causal,
+            mask,
+            rotary_heads: hq,
+            rotary_dim: 0,
+            interleaved,
+            cache: (16, d / 2),
+        };
+        match broken {
+            1 => c.width = v.max(1),
+            2 => c.kv_width = v.max(0),
+            3 => c.q_heads = v,
+            4 => c.kv_heads = v,
+            5 => c.rotary_heads = v,
+            6 => c.rotary_dim = v,
+            7 => c.cache = (v.max(0), c.cache.1),
+            8 => c.cache = (c.cache.0, v.max(0)),
+            _ => {}
+        }
+        c
+    })
+}
+
 proptest! {
     #![proptest_config(config())]
 
     #[test]
     fn onnx_frontend(ms in mutations()) {
         run_onnx(&apply(onnx_seed(), &ms));
+    }
+
+    #[test]
+    fn onnx_frontend_opset23(ms in mutations()) {
+        run_onnx(&apply(onnx23_seed(), &ms));
+    }
+
+    /// Not bytes but the shapes and attributes of RotaryEmbedding and Attention: the importer's
+    /// shape checks, not the protobuf decoder, meet each case.
+    #[test]
+    fn onnx_attention_and_rotary_shapes(c in onnx23_params()) {
+        run_onnx(&onnx23_model(&c));
     }
 }
 
@@ -349,4 +500,11 @@ fn onnx_seed_runs() {
     let mask = kiln_runtime::HostTensor::i64(vec![2, 3], vec![1, 1, 1, 1, 1, 0]).unwrap();
     let out = kiln::onnx::run_model(&m, &[ids, mask], kiln::BackendKind::Reference).unwrap();
     assert_eq!((out[0].shape.clone(), out[1].shape.clone()), (vec![2, 8], vec![2, 24]));
+    // The opset-23 seed, at the shapes `run_onnx` gives it (3 × 3: the mask is [3, 3]).
+    std::fs::write(&p, onnx23_seed()).unwrap();
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let ids = kiln_runtime::HostTensor::i64(vec![3, 3], (0..9).map(|k| k % 5).collect()).unwrap();
+    let out = kiln::onnx::run_model(&m, &[ids.clone(), ids], kiln::BackendKind::Reference).unwrap();
+    assert_eq!(out[0].shape, vec![3, 3, 8]);
+    assert!(out[0].as_f32().unwrap().iter().all(|v| v.is_finite()));
 }

@@ -393,6 +393,10 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
         ),
         (write_model(attn(&["q", "k", "v", "mask"], heads(2, 2)), &qkv3(), vec![mask(9)]), bad_model("Attention attn_mask of shape [4, 9] for 4 keys")),
         (
+            write_model(attn(&["q", "k", "v", "mask"], heads(2, 2)), &qkv3(), vec![tensor("mask", Float, &[2, 4], vec![0.0; 8], vec![], None)]),
+            bad_model("Attention attn_mask of shape [2, 4] for scores of shape [1, 2, 4, 4]"),
+        ),
+        (
             write_model(attn(&["q", "k", "v", "", "pk", "pv"], heads(2, 2)), &[qkv3(), vec![("pk", bsd(4)), ("pv", bsd(4))]].concat(), vec![]),
             bad_model("Attention past_key of shape [1, 4, 4] for rows of shape [1, 2, 4, 4]"),
         ),
@@ -419,6 +423,10 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
         (
             write_model(rotary(vec![]), &rotary_ins(vec![Err("batch"), Ok(8)]), vec![cache("cos", 2), cache("sin", 2)]),
             bad_model("RotaryEmbedding input of shape [1, 8] (rank 3 or 4)"),
+        ),
+        (
+            write_model(rotary(vec![]), &rotary_ins(vec![Err("batch"), Ok(2), Err("sequence"), Ok(3)]), vec![cache("cos", 1), cache("sin", 1)]),
+            bad_model("RotaryEmbedding over heads of size 3 (rotates pairs: an even size)"),
         ),
         (
             write_model(rotary(vec![int_attr("rotary_embedding_dim", 3)]), &rotary_ins(bhsd.clone()), vec![cache("cos", 2), cache("sin", 2)]),

@@ -97,7 +97,7 @@ impl Importer<'_> {
             let t = self.tmp(name, Op::Unary(UnaryOp::Tanh), vec![t])?;
             scores = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![t, c])?;
         }
-        let bias = self.attention_bias(cx, s, l, past_len, at.int("is_causal", 0) != 0)?;
+        let bias = self.attention_bias(cx, [b, hq, s, l], past_len, at.int("is_causal", 0) != 0)?;
         let mut sm = vec![scores];
         sm.extend(bias);
         let p = self.tmp(name, Op::Softmax { axis: 3 }, sm)?;
@@ -147,17 +147,23 @@ impl Importer<'_> {
         self.reshape(&self.fresh(name), cat, &[s[0], s[1] * r, s[2], s[3]])
     }
 
-    /// The additive bias over [.., S, L] scores: the mask (bool: 0 where true, -inf where false;
+    /// The additive bias over the scores (`scores`: their shape [B, heads, S, L]): the mask (bool: 0 where true, -inf where false;
     /// float as it is; keys past its last column masked) plus, when causal, -inf where key j >
     /// query i + `past_len`. None when there is neither.
-    fn attention_bias(&mut self, cx: &NodeCx, s: usize, l: usize, past_len: usize, causal: bool) -> R<Option<ValueId>> {
+    fn attention_bias(&mut self, cx: &NodeCx, scores: [usize; 4], past_len: usize, causal: bool) -> R<Option<ValueId>> {
         let name = cx.name;
+        let [_, _, s, l] = scores;
         let mut bias = None;
         if cx.ins.get(3).is_some_and(|v| v.is_some()) {
             let m = self.node(&cx.iname(3), &cx.inp(3)?)?;
             let ms = self.shape(&Val::Node(m));
             if ms.is_empty() || ms.len() > 4 || *ms.last().unwrap_or(&0) > l {
                 return Err(Fail::Invalid(format!("Attention attn_mask of shape {ms:?} for {l} keys")));
+            }
+            // Broadcast to the scores [B, heads, S, L], right-aligned (the keys padded below).
+            let lead = &scores[4 - ms.len()..3];
+            if ms.iter().zip(lead).any(|(&m, &t)| m != 1 && m != t) {
+                return Err(Fail::Invalid(format!("Attention attn_mask of shape {ms:?} for scores of shape {scores:?}")));
             }
             // kiln holds ONNX bools as i64 0/1.
             let is_bool = !self.dtype(&Val::Node(m)).is_float();

@@ -37,8 +37,10 @@ impl Importer<'_> {
         };
         let s4 = self.shape(&Val::Node(x));
         let (b, s, h, d) = (s4[0], s4[1], s4[2], s4[3]);
+        // Rotated by pairs: an even number of each head's dims.
         let rd = match at.int("rotary_embedding_dim", 0) {
-            0 => d,
+            0 if d % 2 == 0 && d > 0 => d,
+            0 => return Err(Fail::Invalid(format!("RotaryEmbedding over heads of size {d} (rotates pairs: an even size)"))),
             r if r > 0 && (r as usize) <= d && r % 2 == 0 => r as usize,
             r => return Err(Fail::Invalid(format!("rotary_embedding_dim {r} for heads of {d}"))),
         };
