@@ -446,3 +446,90 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
         assert_eq!(msg.matches(p.to_str().unwrap()).count(), 1, "the file named once: {msg}");
     }
 }
+
+/// `Mod` of constants folds at import: with `fmod = 1` the remainder takes the dividend's sign
+/// (C's fmod) for floats and integers, with `fmod = 0` (integers only) the divisor's (Python's
+/// `%`); `fmod = 0` on floats is malformed.
+#[test]
+fn mod_of_constants_follows_fmod() {
+    use tensor_proto::DataType::{Float, Int64};
+    let dir = tempfile::tempdir().unwrap();
+    let run = |fmod: i64, float: bool| {
+        let (a, b) = if float {
+            (tensor("a", Float, &[3], vec![-7.0, 7.0, -7.5], vec![], None), tensor("b", Float, &[3], vec![3.0, -3.0, 2.0], vec![], None))
+        } else {
+            (tensor("a", Int64, &[3], vec![], vec![-7, 7, 5], None), tensor("b", Int64, &[3], vec![], vec![3, -3, 3], None))
+        };
+        let g = GraphProto {
+            node: vec![
+                node("Mod", &["a", "b"], &["r"], vec![int_attr("fmod", fmod)]),
+                node("Cast", &["r"], &["rf"], vec![int_attr("to", 1)]),
+                node("Add", &["x", "rf"], &["y"], vec![]),
+            ],
+            input: vec![vi("x", 1, &[Ok(3)])],
+            output: vec![vi("y", 1, &[Ok(3)])],
+            initializer: vec![a, b],
+            ..Default::default()
+        };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            graph: Some(g),
+            ..Default::default()
+        };
+        let p = write(dir.path(), &m.encode_to_vec());
+        let m = OnnxModel::open(&p, &[])?;
+        let g = m.graph_for(Bucket::new(1, 1))?;
+        let w = m.weights(&g)?;
+        let y = interpret(&g, &w, &[HostTensor::f32(vec![3], vec![0.0; 3]).unwrap()], Bucket::new(1, 1))?;
+        Ok::<_, Error>(y[0].as_f32().unwrap().to_vec())
+    };
+    assert_eq!(run(1, true).unwrap(), [-1.0, 1.0, -1.5]);
+    assert_eq!(run(1, false).unwrap(), [-1.0, 1.0, 2.0]);
+    assert_eq!(run(0, false).unwrap(), [2.0, -2.0, 2.0]);
+    let e = run(0, true).unwrap_err().to_string();
+    assert!(e.contains("Mod of floats needs fmod = 1") && !e.contains('\n'), "{e}");
+}
+
+/// An attribute of another type than the one its op reads (here Softmax's `axis` written as a
+/// FLOAT) is an error naming the node and the attribute, not the default axis in silence.
+#[test]
+fn attribute_of_the_wrong_type_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let axis = AttributeProto { name: Some("axis".into()), f: Some(0.0), r#type: Some(1), ..Default::default() };
+    let m = OnnxModel::open(&write(dir.path(), &model(17, Some(node("Softmax", &["flat"], &["z"], vec![axis])), true)), &[]).unwrap();
+    let e = m.graph_for(Bucket::new(1, 2)).unwrap_err();
+    let s = e.to_string();
+    assert!(matches!(e, Error::Model { .. }), "{s}");
+    assert!(s.contains("node `n_z` (Softmax, domain `ai.onnx`, opset 17): attribute `axis` is FLOAT, not INT") && !s.contains('\n'), "{s}");
+}
+
+/// `Pow` of integers is exact: exp(y·ln|x|) is rounded before the cast back (truncated, 4² came
+/// out 15), for a literal exponent and a computed one.
+#[test]
+fn integer_pow_is_exact() {
+    use tensor_proto::DataType::Int64;
+    let dir = tempfile::tempdir().unwrap();
+    let g = GraphProto {
+        node: vec![node("Pow", &["x", "four"], &["y"], vec![]), node("Pow", &["x", "e"], &["z"], vec![])],
+        input: vec![vi("x", 7, &[Ok(4)]), vi("e", 7, &[Ok(4)])],
+        output: vec![vi("y", 7, &[Ok(4)]), vi("z", 7, &[Ok(4)])],
+        initializer: vec![tensor("four", Int64, &[], vec![], vec![4], None)],
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(g),
+        ..Default::default()
+    };
+    let m = OnnxModel::open(&write(dir.path(), &m.encode_to_vec()), &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b).unwrap();
+    let w = m.weights(&g).unwrap();
+    let x = HostTensor::i64(vec![4], vec![2, 3, -2, 5]).unwrap();
+    let e = HostTensor::i64(vec![4], vec![2, 3, 3, 4]).unwrap();
+    let y = interpret(&g, &w, &[x, e], b).unwrap();
+    assert_eq!(y[0].data.to_f64_vec(), [16.0, 81.0, 16.0, 625.0]);
+    assert_eq!(y[1].data.to_f64_vec(), [4.0, 27.0, -8.0, 625.0]);
+}

@@ -110,6 +110,14 @@ pub fn supported(op: &str) -> bool {
     FOLDED.contains(&op) || FAMILIES.iter().any(|(ops, _)| ops.contains(&op))
 }
 
+/// Every op of the default domain the importer knows, sorted (the fuzzer's op list).
+pub fn supported_ops() -> Vec<&'static str> {
+    let mut ops: Vec<&'static str> = FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied()).chain(FOLDED.iter().copied()).collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
+
 /// A value while importing: known (a literal) or computed by the graph.
 #[derive(Debug, Clone)]
 pub enum Val {
@@ -272,8 +280,18 @@ impl<'m> Importer<'m> {
         self.push_shaped(name, Op::Reshape, vec![x], to)
     }
 
-    /// Imports one node.
+    /// Imports one node. An attribute it read as a type the file does not declare is the error,
+    /// whatever else happened (see `attrs`).
     pub fn node_proto(&mut self, n: &NodeProto) -> R<()> {
+        let at = Attrs::of(n);
+        let r = self.node_with(n, &at);
+        match at.mismatch() {
+            Some(m) => Err(Fail::Invalid(m)),
+            None => r,
+        }
+    }
+
+    fn node_with(&mut self, n: &NodeProto, at: &Attrs) -> R<()> {
         let op = n.op_type();
         let name = if n.name().is_empty() { n.output.first().cloned().unwrap_or_default() } else { n.name().to_string() };
         let mut ins: Vec<Option<Val>> = Vec::new();
@@ -288,7 +306,6 @@ impl<'m> Importer<'m> {
                 v => v,
             }));
         }
-        let at = Attrs::of(n);
         let opset = self.m.opset;
         let contrib = match n.domain() {
             "" | "ai.onnx" => false,
@@ -296,7 +313,7 @@ impl<'m> Importer<'m> {
             d => return unsup(format!("op `{op}` of domain `{d}`")),
         };
         if contrib {
-            let outs = self.contrib(op, &name, n, &ins, &at)?;
+            let outs = self.contrib(op, &name, n, &ins, at)?;
             return self.bind(n, outs);
         }
         // All-literal inputs fold (a lazily kept weight only through dequantization).
@@ -307,7 +324,7 @@ impl<'m> Importer<'m> {
                 Val::Lit(l) => l,
                 Val::Node(_) => unreachable!("all inputs are literals"),
             })).collect();
-            if let Some(outs) = fold(op, &lits, &at, opset, &self.m.dir).map_err(Fail::Invalid)? {
+            if let Some(outs) = fold(op, &lits, at, opset, &self.m.dir).map_err(Fail::Invalid)? {
                 for (o, l) in n.output.iter().zip(outs) {
                     self.vals.insert(o.clone(), Val::Lit(l));
                 }
@@ -330,7 +347,7 @@ impl<'m> Importer<'m> {
             self.vals.insert(n.output[0].clone(), Val::Lit(lit));
             return Ok(());
         }
-        let outs = self.dynamic(op, &name, n, &ins, &at)?;
+        let outs = self.dynamic(op, &name, n, &ins, at)?;
         self.bind(n, outs)
     }
 

@@ -123,6 +123,18 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             Err("Dropout in training mode (kiln runs inference)".into())
         }
         "Dropout" => one(x(0)?.clone()),
+        "Mod" if at.int("fmod", 0) != 0 => {
+            // C's fmod: the sign of the dividend (Rust's `%` on f64 and i64).
+            let (a, b) = (x(0)?, x(1)?);
+            if a.elem.is_float() {
+                one(zip_map(&[a, b], a.elem, |f, _| f[0] % f[1])?)
+            } else if b.ints().contains(&0) {
+                Err("integer Mod by zero".into())
+            } else {
+                one(zip_ints(&[a, b], |i| i[0].wrapping_rem(i[1]))?)
+            }
+        }
+        "Mod" if x(0)?.elem.is_float() => Err("Mod of floats needs fmod = 1".into()),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" => {
             let (a, b) = (x(0)?, x(1)?);
             if a.elem.is_float() {
@@ -139,7 +151,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         }
         "Max" | "Min" | "Sum" => {
             let xs: Vec<&Lit> = ins.iter().flatten().copied().collect();
-            let mut acc = xs[0].clone();
+            let Some(&first) = xs.first() else { return Err(format!("{op} of no inputs")) };
+            let mut acc = first.clone();
             for b in &xs[1..] {
                 let o = if op == "Sum" { "Add" } else { op };
                 acc = if acc.elem.is_float() {
@@ -306,6 +319,9 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         }
         "Range" => {
             let (s, l, d) = (x(0)?, x(1)?, x(2)?);
+            if [s, l, d].iter().any(|t| t.numel() != 1) {
+                return Err(format!("Range of start {:?}, limit {:?}, delta {:?} (scalars)", s.shape, l.shape, d.shape));
+            }
             if s.elem.is_float() {
                 let (a, b, st) = (s.floats()[0], l.floats()[0], d.floats()[0]);
                 let n = ((b - a) / st).ceil().max(0.0) as usize;
@@ -316,9 +332,10 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 if st == 0 {
                     return Err("Range with delta 0".into());
                 }
-                let n = ((b - a) as f64 / st as f64).ceil().max(0.0) as usize;
+                let n = ((b as f64 - a as f64) / st as f64).ceil().max(0.0) as usize;
                 checked_numel(&[n])?;
-                one(Lit { elem: s.elem, shape: vec![n], data: LitData::I((0..n as i64).map(|i| a + i * st).collect()), weight: false })
+                let v = (0..n as i64).map(|i| a.wrapping_add(i.wrapping_mul(st))).collect();
+                one(Lit { elem: s.elem, shape: vec![n], data: LitData::I(v), weight: false })
             }
         }
         "Unsqueeze" | "Squeeze" | "Flatten" | "Reshape" => {
@@ -340,18 +357,24 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         "Transpose" => {
             let a = x(0)?;
             let r = a.shape.len();
-            let perm: Vec<usize> = match at.ints("perm") {
-                Some(p) => p.iter().map(|&d| shape::axis(d, r)).collect::<R<_>>()?,
-                None => (0..r).rev().collect(),
-            };
+            let perm = shape::perm(at.ints("perm").as_deref(), r)?;
             let st = shape::strides(&a.shape);
             let out: Vec<usize> = perm.iter().map(|&p| a.shape[p]).collect();
             one(select(a, out, |o| o.iter().zip(&perm).map(|(&i, &p)| i * st[p]).sum())?)
         }
         "Concat" => {
             let xs: Vec<&Lit> = ins.iter().flatten().copied().collect();
-            let r = xs[0].shape.len();
+            let Some(&first) = xs.first() else { return Err("Concat of no inputs".into()) };
+            let r = first.shape.len();
             let ax = shape::axis(at.int("axis", 0), r)?;
+            let fits = |l: &Lit| {
+                l.elem.is_float() == first.elem.is_float()
+                    && l.shape.len() == r
+                    && l.shape.iter().zip(&first.shape).enumerate().all(|(d, (a, b))| d == ax || a == b)
+            };
+            if let Some(l) = xs.iter().find(|l| !fits(l)) {
+                return Err(format!("Concat of {:?} {:?} and {:?} {:?} along axis {ax}", first.elem, first.shape, l.elem, l.shape));
+            }
             let mut out = xs[0].shape.clone();
             out[ax] = xs.iter().map(|l| l.shape[ax]).sum();
             let mut parts = Vec::new();
@@ -418,15 +441,10 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             } else {
                 (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
             };
-            let axes: Vec<usize> = match axes {
-                Some(v) => v.iter().map(|&d| shape::axis(d, r)).collect::<R<_>>()?,
-                None => (0..starts.len()).collect(),
-            };
             let mut begin = vec![0i64; r];
             let mut step = vec![1i64; r];
             let mut out = a.shape.clone();
-            for (k, &ax) in axes.iter().enumerate() {
-                let (s, _, st, len) = shape::slice_range(a.shape[ax], starts[k], ends[k], steps.as_ref().map_or(1, |v| v[k]))?;
+            for (ax, s, st, len) in shape::slice_axes(&a.shape, &starts, &ends, axes.as_deref(), steps.as_deref())? {
                 begin[ax] = s;
                 step[ax] = st;
                 out[ax] = len;
@@ -444,6 +462,9 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         "Tile" => {
             let a = x(0)?;
             let reps = x(1)?.ints();
+            if reps.len() != a.shape.len() || reps.iter().any(|&k| k < 0) {
+                return Err(format!("Tile repeats {reps:?} of a rank-{} input", a.shape.len()));
+            }
             let out: Vec<usize> = a.shape.iter().zip(&reps).map(|(&d, &k)| d * k.max(0) as usize).collect();
             let st = shape::strides(&a.shape);
             one(select(a, out, |o| o.iter().enumerate().map(|(d, &i)| (i % a.shape[d]) * st[d]).sum())?)
@@ -494,13 +515,17 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             let st = shape::strides(&q.shape);
             let (qs, ss) = (q.ints(), scale.floats());
             let zs = zp.map(|z| z.ints()).unwrap_or_default();
+            if scale.numel() == 0 || (per_axis && scale.numel() != q.shape[ax]) || zp.is_some_and(|z| z.numel() != scale.numel()) {
+                let zn = zp.map(|z| z.shape.clone());
+                return Err(format!("DequantizeLinear of {:?} by scales {:?} (zero points {zn:?})", q.shape, scale.shape));
+            }
             let v: Vec<f64> = qs
                 .iter()
                 .enumerate()
                 .map(|(i, &qv)| {
                     let c = if per_axis { (i / st[ax]) % q.shape[ax] } else { 0 };
                     let z = zs.get(c).copied().unwrap_or(0);
-                    ((qv - z) as f64 * ss[c]) as f32 as f64
+                    (qv.wrapping_sub(z) as f64 * ss[c]) as f32 as f64
                 })
                 .collect();
             let mut l = Lit::of(scale.elem, q.shape.clone(), v);

@@ -104,14 +104,51 @@ pub fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Result<(i64, 
     let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
     let (s, e) = (norm(start), norm(end));
     let (s, e) = if step > 0 { (s.clamp(0, d), e.clamp(0, d)) } else { (s.clamp(-1, d - 1), e.clamp(-1, d - 1)) };
-    let len = if step > 0 {
-        if e > s { (e - s + step - 1) / step } else { 0 }
-    } else if s > e {
-        (s - e + (-step) - 1) / (-step)
+    // ceil(span / |step|), without overflow for any step (i64::MIN included).
+    let steps = |span: i64| ((span - 1) as u64 / step.unsigned_abs() + 1) as usize;
+    let len = if step > 0 && e > s {
+        steps(e - s)
+    } else if step < 0 && s > e {
+        steps(s - e)
     } else {
         0
     };
-    Ok((s, e, step, len as usize))
+    Ok((s, e, step, len))
+}
+
+/// The axes a Slice cuts, each with its clamped start, its step and its length (see
+/// [`slice_range`]), from the starts, ends and optional axes (default 0, 1, ...) and steps
+/// (default 1): one entry each, axes in range and not repeated.
+pub fn slice_axes(shape: &[usize], starts: &[i64], ends: &[i64], axes: Option<&[i64]>, steps: Option<&[i64]>) -> Result<Vec<(usize, i64, i64, usize)>, String> {
+    let axes: Vec<usize> = match axes {
+        Some(v) => v.iter().map(|&d| axis(d, shape.len())).collect::<Result<_, _>>()?,
+        None if starts.len() <= shape.len() => (0..starts.len()).collect(),
+        None => return Err(format!("Slice of {} axes of a rank-{} input", starts.len(), shape.len())),
+    };
+    let n_steps = steps.map_or(axes.len(), |v| v.len());
+    if starts.len() != axes.len() || ends.len() != axes.len() || n_steps != axes.len() {
+        return Err(format!("Slice with {} starts, {} ends, {} axes and {n_steps} steps", starts.len(), ends.len(), axes.len()));
+    }
+    if axes.iter().enumerate().any(|(i, a)| axes[..i].contains(a)) {
+        return Err(format!("Slice axes {axes:?} repeat an axis"));
+    }
+    axes.iter()
+        .enumerate()
+        .map(|(k, &ax)| {
+            let (b, _, st, len) = slice_range(shape[ax], starts[k], ends[k], steps.map_or(1, |v| v[k]))?;
+            Ok((ax, b, st, len))
+        })
+        .collect()
+}
+
+/// Transpose's `perm` for a rank-`r` input (default: the axes reversed): a permutation of 0..r.
+pub fn perm(p: Option<&[i64]>, r: usize) -> Result<Vec<usize>, String> {
+    let Some(p) = p else { return Ok((0..r).rev().collect()) };
+    let axes: Vec<usize> = p.iter().map(|&d| axis(d, r)).collect::<Result<_, _>>()?;
+    if axes.len() != r || (0..r).any(|a| !axes.contains(&a)) {
+        return Err(format!("Transpose perm {p:?} of a rank-{r} input"));
+    }
+    Ok(axes)
 }
 
 pub fn strides(shape: &[usize]) -> Vec<usize> {

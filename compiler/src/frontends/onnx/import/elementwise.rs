@@ -88,7 +88,11 @@ impl Importer<'_> {
                         let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, shape, vec![1.0; n1])))?;
                         one(if dt == DType::F32 { ones } else { self.push(name, Op::Cast { to: dt }, vec![ones])? })
                     }
-                    _ if !dt.is_float() => unsup(format!("Pow of integers with exponent {p}")),
+                    // Integers: the general form, rounded to the exact integer power.
+                    _ if !dt.is_float() => {
+                        let y = self.node(&cx.iname(1), &Val::Lit(e.clone()))?;
+                        one(self.pow_general(name, x, y)?)
+                    }
                     // exp(p·log|x|), negated where x < 0 and p is an odd integer; a fractional
                     // power of x < 0 is NaN (log of a negative number).
                     _ => {
@@ -276,6 +280,9 @@ impl Importer<'_> {
             return self.push(name, Op::Where, vec![y0, one, r]);
         }
         let r = self.tmp(name, Op::Where, vec![y0, one, r])?;
+        // An integer power: exp(y·ln|x|) is a few ulps off the integer (4² = 15.999998), which
+        // the cast would truncate; rounded first, it is exact.
+        let r = un(self, UnaryOp::Round, r)?;
         self.push(name, Op::Cast { to: dx }, vec![r])
     }
 }

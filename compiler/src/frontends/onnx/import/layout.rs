@@ -71,10 +71,7 @@ impl Importer<'_> {
             "Transpose" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let r = self.shape(&Val::Node(x)).len();
-                let perm: Vec<usize> = match at.ints("perm") {
-                    Some(p) => p.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
-                    None => (0..r).rev().collect(),
-                };
+                let perm = shape::perm(at.ints("perm").as_deref(), r)?;
                 one(self.push(name, Op::Transpose { perm }, vec![x])?)
             }
             "Concat" => {
@@ -101,7 +98,6 @@ impl Importer<'_> {
             "Slice" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(x));
-                let r = s.len();
                 let (starts, ends, axes, steps) = if opset >= 10 {
                     let opt = |k: usize, w: &str| -> R<Option<Vec<i64>>> {
                         match ins.get(k).cloned().flatten() {
@@ -113,14 +109,9 @@ impl Importer<'_> {
                 } else {
                     (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
                 };
-                let axes: Vec<usize> = match axes {
-                    Some(v) => v.iter().map(|&d| shape::axis(d, r)).collect::<Result<_, _>>()?,
-                    None => (0..starts.len()).collect(),
-                };
+                let cuts = shape::slice_axes(&s, &starts, &ends, axes.as_deref(), steps.as_deref())?;
                 let mut y = x;
-                for (k, &ax) in axes.iter().enumerate() {
-                    let step = steps.as_ref().map_or(1, |v| v[k]);
-                    let (b, _, _, len) = shape::slice_range(s[ax], starts[k], ends[k], step)?;
+                for (ax, b, step, len) in cuts {
                     if len == 0 {
                         return unsup("an empty Slice (kiln has no empty tensors)");
                     }
@@ -146,13 +137,25 @@ impl Importer<'_> {
                 let s = self.shape(&Val::Node(x));
                 let ax = shape::axis(at.int("axis", 0), s.len())?;
                 let nout = n.output.len();
-                let sizes: Vec<usize> = match (opset >= 13, ins.get(1).cloned().flatten(), at.ints("split")) {
-                    (true, Some(_), _) => cx.lit_of(1, "split sizes")?.ints().iter().map(|&v| v as usize).collect(),
-                    (false, _, Some(v)) => v.iter().map(|&v| v as usize).collect(),
-                    _ => {
-                        let k = at.int("num_outputs", nout as i64) as usize;
-                        let each = s[ax].div_ceil(k);
-                        (0..k).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
+                let given = match (opset >= 13, ins.get(1).cloned().flatten(), at.ints("split")) {
+                    (true, Some(_), _) => Some(cx.lit_of(1, "split sizes")?.ints()),
+                    (false, _, Some(v)) => Some(v),
+                    _ => None,
+                };
+                let sizes: Vec<usize> = match given {
+                    Some(v) => {
+                        if v.iter().any(|&l| l < 0) || v.iter().sum::<i64>() != s[ax] as i64 {
+                            return Err(Fail::Invalid(format!("Split sizes {v:?} of an axis of {}", s[ax])));
+                        }
+                        v.iter().map(|&l| l as usize).collect()
+                    }
+                    None => {
+                        let k = at.int("num_outputs", nout as i64);
+                        if k < 1 {
+                            return Err(Fail::Invalid(format!("Split into {k} outputs")));
+                        }
+                        let each = s[ax].div_ceil(k as usize);
+                        (0..k as usize).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
                     }
                 };
                 let mut outs = Vec::new();
