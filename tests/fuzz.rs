@@ -468,10 +468,11 @@ fn onnx23_params() -> impl Strategy<Value = Onnx23> {
     })
 }
 
-/// One input of a single-node model: a graph input of fixed dims, or an initializer.
+/// One input of a single-node model: a graph input of fixed dims (float, or int64 when the
+/// flag is set), or an initializer.
 #[derive(Debug, Clone)]
 enum NodeInput {
-    Graph(Vec<i64>),
+    Graph(Vec<i64>, bool),
     Ints(Vec<i64>, bool),
     Floats(Vec<i64>),
     /// An omitted optional input (empty name).
@@ -500,7 +501,7 @@ enum AttrValue {
 fn node_input() -> impl Strategy<Value = NodeInput> {
     let dim = prop_oneof![12 => 1i64..5, 1 => Just(0i64)];
     prop_oneof![
-        8 => proptest::collection::vec(dim, 0..5).prop_map(NodeInput::Graph),
+        8 => (proptest::collection::vec(dim, 0..5), proptest::bool::weighted(0.25)).prop_map(|(d, int)| NodeInput::Graph(d, int)),
         2 => (proptest::collection::vec(-3i64..6, 0..5), any::<bool>()).prop_map(|(v, s)| NodeInput::Ints(v, s)),
         1 => proptest::collection::vec(1i64..4, 0..4).prop_map(NodeInput::Floats),
         1 => Just(NodeInput::Omitted),
@@ -528,9 +529,10 @@ fn single_node_model(op: &str, ins: &[NodeInput], attrs: &[(usize, AttrValue)], 
     for (i, input) in ins.iter().enumerate() {
         let name = format!("in{i}");
         match input {
-            NodeInput::Graph(dims) => {
+            NodeInput::Graph(dims, int) => {
                 let dims: Vec<Result<i64, &str>> = dims.iter().map(|&d| Ok(d)).collect();
-                g.input.push(kiln_testkit::onnx_proto::value_info(&name, DataType::Float as i32, &dims));
+                let elem = if *int { DataType::Int64 } else { DataType::Float };
+                g.input.push(kiln_testkit::onnx_proto::value_info(&name, elem as i32, &dims));
             }
             NodeInput::Ints(v, scalar) => g.initializer.push(TensorProto {
                 name: Some(name.clone()),
@@ -689,4 +691,36 @@ fn onnx_seed_runs() {
     let out = kiln::onnx::run_model(&m, &[ids.clone(), ids], kiln::BackendKind::Reference).unwrap();
     assert_eq!(out[0].shape, vec![3, 3, 8]);
     assert!(out[0].as_f32().unwrap().iter().all(|v| v.is_finite()));
+}
+
+/// Found by `onnx_single_ops`: an integer division by zero feeding another integer op. Every
+/// integer value holds what storing it would leave (1 / 0 saturates to i64::MAX, then / -2), on
+/// the reference as on the CPU, which materializes or fuses the intermediate as it likes.
+#[test]
+fn integer_division_by_zero_agrees_on_every_backend() {
+    use kiln_compiler::frontends::onnx::proto::{tensor_proto::DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto};
+    use prost::Message;
+    let node = |ins: &[&str], out: &str| NodeProto { op_type: Some("Div".into()), input: ins.iter().map(|s| s.to_string()).collect(), output: vec![out.into()], ..Default::default() };
+    let g = GraphProto {
+        node: vec![node(&["a", "x"], "t"), node(&["t", "c"], "y")],
+        input: vec![kiln_testkit::onnx_proto::value_info("x", 7, &[Ok(4)])],
+        output: vec![kiln_testkit::onnx_proto::value_info("y", 7, &[Ok(4)])],
+        initializer: vec![
+            TensorProto { name: Some("a".into()), data_type: Some(DataType::Int64 as i32), dims: vec![4], int64_data: vec![0, 0, 1, 0], ..Default::default() },
+            TensorProto { name: Some("c".into()), data_type: Some(DataType::Int64 as i32), dims: vec![4], int64_data: vec![1, 1, -2, 1], ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let m = ModelProto { ir_version: Some(8), opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }], graph: Some(g), ..Default::default() };
+    use kiln_compiler::frontends::onnx::OnnxModel;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("model.onnx");
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let x = kiln_runtime::HostTensor::i64(vec![4], vec![-2, -1, 0, 1]).unwrap();
+    for k in [kiln::BackendKind::Reference, kiln::BackendKind::Cpu] {
+        let y = kiln::onnx::run_model(&m, std::slice::from_ref(&x), k).unwrap();
+        // (2^63 - 1 held as a float is 2^63: halved, -2^62.)
+        assert_eq!(y[0].data, kiln_runtime::TensorData::I64(vec![0, 0, -(1 << 62), 0]), "{k:?}");
+    }
 }

@@ -198,6 +198,15 @@ impl ReferencePlan {
             // its own inputs: a buffer is reused only after its value's last reader has run).
             let mut out = std::mem::take(&mut buffers[step.out]);
             let r = run_step(graph, step, &mut out, buffers, weights.arrays(), scratch, inputs);
+            // An integer value holds integers of its type's range, whatever op made it (an
+            // integer division by zero gives ±inf or NaN in f64): rounded as storing it would,
+            // as the compiled backends do after every integer op, fused or not.
+            let dt = graph.nodes[step.node].dtype;
+            if r.is_ok() && !dt.is_float() {
+                for v in &mut out[..step.len] {
+                    *v = kernels::cast_value(dt, *v);
+                }
+            }
             buffers[step.out] = out;
             r?;
         }

@@ -50,6 +50,10 @@ impl Importer<'_> {
                 if vals.is_empty() {
                     return Err(Fail::Invalid("no inputs".into()));
                 }
+                // Max, Min and Sum take any number of inputs; the arithmetic ops two.
+                if matches!(op, "Add" | "Sub" | "Mul" | "Div") && (ins.len() != 2 || vals.len() != 2) {
+                    return Err(Fail::Invalid(format!("{op} of {} inputs (takes 2)", ins.len())));
+                }
                 let mut acc = self.node(&vals[0].1, &vals[0].0)?;
                 for (k, (v, vn)) in vals.iter().enumerate().skip(1) {
                     let y = self.node(vn, v)?;
