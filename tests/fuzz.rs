@@ -353,7 +353,7 @@ struct Onnx23 {
 /// with a float mask).
 fn onnx23_model(c: &Onnx23) -> Vec<u8> {
     use kiln_compiler::frontends::onnx::proto::{
-        tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        tensor_proto::DataType, AttributeProto, GraphProto, NodeProto, TensorProto,
     };
     use prost::Message;
     let vi = |name: &str, elem: DataType, dims: &[Result<i64, &str>]| kiln_testkit::onnx_proto::value_info(name, elem as i32, dims);
@@ -398,12 +398,7 @@ fn onnx23_model(c: &Onnx23) -> Vec<u8> {
         initializer: init,
         ..Default::default()
     };
-    ModelProto {
-        ir_version: Some(10),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(23) }],
-        graph: Some(g),
-        ..Default::default()
-    }
+    kiln_testkit::onnx_proto::model(g, 23)
     .encode_to_vec()
 }
 
@@ -520,8 +515,7 @@ fn attr_value() -> impl Strategy<Value = AttrValue> {
 /// A model of one node of a supported op over arbitrary inputs and attributes.
 fn single_node_model(op: &str, ins: &[NodeInput], attrs: &[(usize, AttrValue)], outs: usize) -> Vec<u8> {
     use kiln_compiler::frontends::onnx::proto::{
-        tensor_proto::DataType, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-        TypeProto, ValueInfoProto,
+        tensor_proto::DataType, type_proto, AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto, ValueInfoProto,
     };
     use prost::Message;
     let mut g = GraphProto::default();
@@ -588,12 +582,7 @@ fn single_node_model(op: &str, ins: &[NodeInput], attrs: &[(usize, AttrValue)], 
             ..Default::default()
         });
     }
-    ModelProto {
-        ir_version: Some(10),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(23) }],
-        graph: Some(g),
-        ..Default::default()
-    }
+    kiln_testkit::onnx_proto::model(g, 23)
     .encode_to_vec()
 }
 
@@ -698,7 +687,7 @@ fn onnx_seed_runs() {
 /// the reference as on the CPU, which materializes or fuses the intermediate as it likes.
 #[test]
 fn integer_division_by_zero_agrees_on_every_backend() {
-    use kiln_compiler::frontends::onnx::proto::{tensor_proto::DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto};
+    use kiln_compiler::frontends::onnx::proto::{tensor_proto::DataType, GraphProto, NodeProto, TensorProto};
     use prost::Message;
     let node = |ins: &[&str], out: &str| NodeProto { op_type: Some("Div".into()), input: ins.iter().map(|s| s.to_string()).collect(), output: vec![out.into()], ..Default::default() };
     let g = GraphProto {
@@ -711,7 +700,7 @@ fn integer_division_by_zero_agrees_on_every_backend() {
         ],
         ..Default::default()
     };
-    let m = ModelProto { ir_version: Some(8), opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }], graph: Some(g), ..Default::default() };
+    let m = kiln_testkit::onnx_proto::model(g, 17);
     use kiln_compiler::frontends::onnx::OnnxModel;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("model.onnx");

@@ -4,7 +4,7 @@
 //! cannot run is a one-line `Unsupported` naming the node, op type, domain and opset.
 
 use kiln_compiler::frontends::onnx::proto::{
-    tensor_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
+    tensor_proto, AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto,
 };
 use kiln_compiler::frontends::onnx::OnnxModel;
 use kiln_compiler::reference::interpret;
@@ -74,13 +74,7 @@ fn model(opset: i64, extra: Option<NodeProto>, extra_is_output: bool) -> Vec<u8>
         ],
         ..Default::default()
     };
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
-        graph: Some(g),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    kiln_testkit::onnx_proto::model(g, opset).encode_to_vec()
 }
 
 fn write(dir: &std::path::Path, bytes: &[u8]) -> std::path::PathBuf {
@@ -163,7 +157,7 @@ fn external_model(dir: &std::path::Path, location: &str) -> std::path::PathBuf {
         initializer: vec![t],
         ..Default::default()
     };
-    let m = ModelProto { ir_version: Some(8), opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }], graph: Some(g), ..Default::default() };
+    let m = kiln_testkit::onnx_proto::model(g, 17);
     write(dir, &m.encode_to_vec())
 }
 
@@ -240,12 +234,7 @@ fn matmul_integer_weights_and_bad_zero_points() {
             ],
             ..Default::default()
         };
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-            graph: Some(g),
-            ..Default::default()
-        };
+        let m = kiln_testkit::onnx_proto::model(g, 17);
         write(dir.path(), &m.encode_to_vec())
     };
     // Per-column zero points 1, 2, 3: y = a · (W - z).
@@ -287,7 +276,7 @@ fn position_ids_are_positions_and_nodes_are_sorted() {
         initializer: vec![tensor("two", tensor_proto::DataType::Int64, &[], vec![], vec![2], None)],
         ..Default::default()
     };
-    let m = ModelProto { ir_version: Some(8), opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }], graph: Some(g), ..Default::default() };
+    let m = kiln_testkit::onnx_proto::model(g, 17);
     let p = write(dir.path(), &m.encode_to_vec());
     let model = OnnxModel::open(&p, &[]).unwrap();
     let b = Bucket::new(2, 3);
@@ -359,12 +348,7 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
             initializer: inits,
             ..Default::default()
         };
-        let m = ModelProto {
-            ir_version: Some(10),
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(23) }],
-            graph: Some(g),
-            ..Default::default()
-        };
+        let m = kiln_testkit::onnx_proto::model(g, 23);
         count.set(count.get() + 1);
         let p = dir.path().join(format!("model{}.onnx", count.get()));
         std::fs::write(&p, m.encode_to_vec()).unwrap();
@@ -471,12 +455,7 @@ fn mod_of_constants_follows_fmod() {
             initializer: vec![a, b],
             ..Default::default()
         };
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-            graph: Some(g),
-            ..Default::default()
-        };
+        let m = kiln_testkit::onnx_proto::model(g, 17);
         let p = write(dir.path(), &m.encode_to_vec());
         let m = OnnxModel::open(&p, &[])?;
         let g = m.graph_for(Bucket::new(1, 1))?;
@@ -517,12 +496,7 @@ fn integer_pow_is_exact() {
         initializer: vec![tensor("four", Int64, &[], vec![], vec![4], None)],
         ..Default::default()
     };
-    let m = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        graph: Some(g),
-        ..Default::default()
-    };
+    let m = kiln_testkit::onnx_proto::model(g, 17);
     let m = OnnxModel::open(&write(dir.path(), &m.encode_to_vec()), &[]).unwrap();
     let b = Bucket::new(1, 1);
     let g = m.graph_for(b).unwrap();

@@ -18,6 +18,16 @@ pub fn model_with_contrib(g: GraphProto) -> ModelProto {
     }
 }
 
+/// A model around `g` importing the standard domain only, at `opset`.
+pub fn model(g: GraphProto, opset: i64) -> ModelProto {
+    ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        graph: Some(g),
+        ..Default::default()
+    }
+}
+
 /// A graph input or output: `name`, ONNX element type code `elem` (1 float, 7 int64, ...) and
 /// dims, each a size (`Ok`) or a symbolic name (`Err`).
 pub fn value_info(name: &str, elem: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
