@@ -23,11 +23,12 @@ impl<'a> Attrs<'a> {
     pub fn new(attrs: &'a [AttributeProto]) -> Self {
         Attrs { attrs, mismatch: RefCell::new(None) }
     }
-    /// The attribute `name` if it declares type `want` (or no type: IR version 1 files).
+    /// The attribute `name` if it declares type `want` (or none: IR version 1 files leave the
+    /// type out, or UNDEFINED).
     fn get_as(&self, name: &str, want: AttributeType) -> Option<&'a AttributeProto> {
         let a = self.attrs.iter().find(|a| a.name() == name)?;
         match a.r#type {
-            Some(t) if t != want as i32 => {
+            Some(t) if t != AttributeType::Undefined as i32 && t != want as i32 => {
                 let mut m = self.mismatch.borrow_mut();
                 if m.is_none() {
                     let declared = AttributeType::try_from(t).map_or(format!("type code {t}"), |d| d.as_str_name().to_string());

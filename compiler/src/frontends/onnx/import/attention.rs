@@ -147,9 +147,9 @@ impl Importer<'_> {
         self.reshape(&self.fresh(name), cat, &[s[0], s[1] * r, s[2], s[3]])
     }
 
-    /// The additive bias over the scores (`scores`: their shape [B, heads, S, L]): the mask (bool: 0 where true, -inf where false;
-    /// float as it is; keys past its last column masked) plus, when causal, -inf where key j >
-    /// query i + `past_len`. None when there is neither.
+    /// The additive bias over the scores (of shape `scores`, [B, heads, S, L]): the mask (bool: 0
+    /// where true, -inf where false; float as it is; keys past its last column masked) plus, when
+    /// causal, -inf where key j > query i + `past_len`. None when there is neither.
     fn attention_bias(&mut self, cx: &NodeCx, scores: [usize; 4], past_len: usize, causal: bool) -> R<Option<ValueId>> {
         let name = cx.name;
         let [_, _, s, l] = scores;
