@@ -467,8 +467,11 @@ fn onnx23_params() -> impl Strategy<Value = Onnx23> {
 /// flag is set), or an initializer.
 #[derive(Debug, Clone)]
 enum NodeInput {
+    /// Dims, and whether it is int64.
     Graph(Vec<i64>, bool),
+    /// An int64 initializer's values, a scalar when the flag is set and there is one value.
     Ints(Vec<i64>, bool),
+    /// A float initializer's dims.
     Floats(Vec<i64>),
     /// An omitted optional input (empty name).
     Omitted,
