@@ -28,26 +28,34 @@ pub unsafe fn horner<V: Lanes>(t: V, c: &[f32]) -> V {
 /// accuracy as the full-range `exp8` inside that range.
 #[inline(always)]
 pub unsafe fn exp_lean<V: Lanes>(x: V) -> V {
-    unsafe { exp_clamped::<V, true>(x) }
+    unsafe { exp_clamped_n::<V, true, 1>([x])[0] }
 }
 
 /// [`exp_lean`] for `x <= 0` or NaN (a softmax's `s - max`), bit for bit: the upper clamp,
 /// which such an `x` never reaches, is left out.
 #[inline(always)]
 pub unsafe fn exp_nonpos<V: Lanes>(x: V) -> V {
-    unsafe { exp_clamped::<V, false>(x) }
+    unsafe { exp_clamped_n::<V, false, 1>([x])[0] }
 }
 
 /// [`exp_nonpos`] of K vectors, each step for all K before the next (as [`gelu_erf_n`]): K
 /// independent chains in flight instead of one. The same operations per element.
 #[inline(always)]
 pub unsafe fn exp_nonpos_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
+    unsafe { exp_clamped_n::<V, false, K>(x) }
+}
+
+/// [`exp_lean`] of K vectors side by side, with its upper clamp only when `UPPER`: the one
+/// definition the three forms above share.
+#[inline(always)]
+unsafe fn exp_clamped_n<V: Lanes, const UPPER: bool, const K: usize>(x: [V; K]) -> [V; K] {
     unsafe {
         let lo = V::splat(EXP_LEAN_MIN);
+        // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
         let magic = V::splat(ROUND_MAGIC + 127.0);
         let (mut t, mut r, mut y) = (x, x, x);
         for i in 0..K {
-            let xc = lo.max(x[i]);
+            let xc = if UPPER { lo.max(V::splat(EXP_LEAN_MAX).min(x[i])) } else { lo.max(x[i]) };
             t[i] = xc.fmadd(V::splat(LOG2E), magic);
             let n = t[i].sub(magic);
             r[i] = n.fnmadd(V::splat(LN2_LO), n.fnmadd(V::splat(LN2_HI), xc));
@@ -57,29 +65,10 @@ pub unsafe fn exp_nonpos_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
         }
         for i in 0..K {
             let e = y[i].fmadd(r[i].mul(r[i]), r[i]).add(V::splat(1.0));
+            // Kept where x >= -87.3 or x is NaN (not-less-than, unordered is true).
             y[i] = e.mul(t[i].shl23()).zero_unless(x[i].nlt(lo));
         }
         y
-    }
-}
-
-/// [`exp_lean`], with its upper clamp only when `UPPER`.
-#[inline(always)]
-unsafe fn exp_clamped<V: Lanes, const UPPER: bool>(x: V) -> V {
-    unsafe {
-        let lo = V::splat(EXP_LEAN_MIN);
-        // Set where x >= -87.3 or x is NaN (not-less-than, unordered is true).
-        let keep = x.nlt(lo);
-        let xc = if UPPER { lo.max(V::splat(EXP_LEAN_MAX).min(x)) } else { lo.max(x) };
-        // The bias 127 rides along in the magic constant: t's low bits hold n + 127.
-        let magic = V::splat(ROUND_MAGIC + 127.0);
-        let t = xc.fmadd(V::splat(LOG2E), magic);
-        let n = t.sub(magic);
-        let r = n.fnmadd(V::splat(LN2_HI), xc);
-        let r = n.fnmadd(V::splat(LN2_LO), r);
-        let p = horner(r, &EXP_P);
-        let y = p.fmadd(r.mul(r), r).add(V::splat(1.0));
-        y.mul(t.shl23()).zero_unless(keep)
     }
 }
 
