@@ -123,28 +123,26 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             Err("Dropout in training mode (kiln runs inference)".into())
         }
         "Dropout" => one(x(0)?.clone()),
-        "Mod" if at.int("fmod", 0) != 0 => {
-            // C's fmod: the sign of the dividend (Rust's `%` on f64 and i64).
-            let (a, b) = (x(0)?, x(1)?);
-            if a.elem.is_float() {
-                one(zip_map(&[a, b], a.elem, |f, _| f[0] % f[1])?)
-            } else if b.ints().contains(&0) {
-                Err("integer Mod by zero".into())
-            } else {
-                one(zip_ints(&[a, b], |i| i[0].wrapping_rem(i[1]))?)
-            }
-        }
-        "Mod" if x(0)?.elem.is_float() => Err("Mod of floats needs fmod = 1".into()),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" => {
             let (a, b) = (x(0)?, x(1)?);
+            // Mod with fmod = 1 is C's fmod, the dividend's sign (Rust's `%` on f64 and i64);
+            // with fmod = 0 (integers only) the divisor's, as Python's `%` (`int_binary`).
+            let fmod = op == "Mod" && at.int("fmod", 0) != 0;
             if a.elem.is_float() {
-                one(zip_map(&[a, b], a.elem, |f, _| float_binary(op, f[0], f[1]))?)
+                if op == "Mod" && !fmod {
+                    return Err("Mod of floats needs fmod = 1".into());
+                }
+                let f = |f: &[f64], _: &[i64]| if fmod { f[0] % f[1] } else { float_binary(op, f[0], f[1]) };
+                one(zip_map(&[a, b], a.elem, f)?)
             } else {
                 if matches!(op, "Div" | "Mod") && b.ints().contains(&0) {
                     return Err(format!("integer {op} by zero"));
                 }
                 if op == "Pow" {
                     return one(zip_ints(&[a, b], |i| (i[0] as f64).powf(i[1] as f64) as i64)?);
+                }
+                if fmod {
+                    return one(zip_ints(&[a, b], |i| i[0].wrapping_rem(i[1]))?);
                 }
                 one(zip_ints(&[a, b], |i| int_binary(op, i[0], i[1]).unwrap_or(0))?)
             }
