@@ -307,16 +307,21 @@ fn onnx_seed() -> &'static [u8] {
     })
 }
 
+/// `bytes` written as model.onnx in a fresh folder (kept alive by the returned guard) and opened.
+fn open_onnx(bytes: &[u8]) -> (tempfile::TempDir, kiln_runtime::Result<kiln_compiler::frontends::onnx::OnnxModel>) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("model.onnx");
+    std::fs::write(&p, bytes).unwrap();
+    let m = kiln_compiler::frontends::onnx::OnnxModel::open(&p, &[]);
+    (dir, m)
+}
+
 /// What `kiln run --onnx` does with a model: decode, import for the inputs' shapes, load the
 /// weights and run it on the reference backend (token ids and a mask for each [batch, seq]
 /// integer input, zeros for the rest).
 fn run_onnx(bytes: &[u8]) {
-    use kiln_compiler::frontends::onnx::OnnxModel;
     use kiln_runtime::{HostTensor, TensorData};
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("model.onnx");
-    std::fs::write(&p, bytes).unwrap();
-    let Ok(m) = OnnxModel::open(&p, &[]) else { return };
+    let (_dir, Ok(m)) = open_onnx(bytes) else { return };
     let inputs: Vec<HostTensor> = m
         .inputs
         .iter()
@@ -593,12 +598,9 @@ fn single_node_model(op: &str, ins: &[NodeInput], attrs: &[(usize, AttrValue)], 
 /// an error is one line. Where the reference runs it, the CPU backend (lowered, compiled by
 /// Cranelift) must too, to the same values within f32 rounding.
 fn run_single_node(op: &str, bytes: &[u8]) {
-    use kiln_compiler::frontends::onnx::OnnxModel;
     use kiln_runtime::{HostTensor, TensorData};
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("model.onnx");
-    std::fs::write(&p, bytes).unwrap();
-    let m = match OnnxModel::open(&p, &[]) {
+    let (_dir, m) = open_onnx(bytes);
+    let m = match m {
         Ok(m) => m,
         Err(e) => return assert!(!e.to_string().contains('\n'), "{e}"),
     };
@@ -667,18 +669,15 @@ proptest! {
 
 #[test]
 fn onnx_seed_runs() {
-    use kiln_compiler::frontends::onnx::OnnxModel;
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("model.onnx");
-    std::fs::write(&p, onnx_seed()).unwrap();
-    let m = OnnxModel::open(&p, &[]).unwrap();
+    let (_dir, m) = open_onnx(onnx_seed());
+    let m = m.unwrap();
     let ids = kiln_runtime::HostTensor::i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6]).unwrap();
     let mask = kiln_runtime::HostTensor::i64(vec![2, 3], vec![1, 1, 1, 1, 1, 0]).unwrap();
     let out = kiln::onnx::run_model(&m, &[ids, mask], kiln::BackendKind::Reference).unwrap();
     assert_eq!((out[0].shape.clone(), out[1].shape.clone()), (vec![2, 8], vec![2, 24]));
     // The opset-23 seed, at the shapes `run_onnx` gives it (3 × 3: the mask is [3, 3]).
-    std::fs::write(&p, onnx23_seed()).unwrap();
-    let m = OnnxModel::open(&p, &[]).unwrap();
+    let (_dir23, m) = open_onnx(onnx23_seed());
+    let m = m.unwrap();
     let ids = kiln_runtime::HostTensor::i64(vec![3, 3], (0..9).map(|k| k % 5).collect()).unwrap();
     let out = kiln::onnx::run_model(&m, &[ids.clone(), ids], kiln::BackendKind::Reference).unwrap();
     assert_eq!(out[0].shape, vec![3, 3, 8]);
@@ -703,12 +702,8 @@ fn integer_division_by_zero_agrees_on_every_backend() {
         ],
         ..Default::default()
     };
-    let m = kiln_testkit::onnx_proto::model(g, 17);
-    use kiln_compiler::frontends::onnx::OnnxModel;
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("model.onnx");
-    std::fs::write(&p, m.encode_to_vec()).unwrap();
-    let m = OnnxModel::open(&p, &[]).unwrap();
+    let (_dir, m) = open_onnx(&kiln_testkit::onnx_proto::model(g, 17).encode_to_vec());
+    let m = m.unwrap();
     let x = kiln_runtime::HostTensor::i64(vec![4], vec![-2, -1, 0, 1]).unwrap();
     for k in [kiln::BackendKind::Reference, kiln::BackendKind::Cpu] {
         let y = kiln::onnx::run_model(&m, std::slice::from_ref(&x), k).unwrap();
