@@ -251,7 +251,7 @@ fn matmul_integer_weights_and_bad_zero_points() {
     // Two zero points for three columns.
     let m = OnnxModel::open(&model(vec![1, 2]), &[]).unwrap();
     let e = m.graph_for(b).unwrap_err().to_string();
-    assert!(e.contains("MatMulInteger weight zero point of 2 values for 3 columns") && e.contains("n_y") && !e.contains('\n'), "{e}");
+    assert!(e.contains("(MatMulInteger, domain `ai.onnx`, opset 17): a weight zero point of 2 values for 3 columns") && e.contains("n_y") && !e.contains('\n'), "{e}");
 }
 
 /// An input named `position_ids` is filled with each token's position (0, 1, 2, ...) when a
@@ -506,4 +506,73 @@ fn integer_pow_is_exact() {
     let y = interpret(&g, &w, &[x, e], b).unwrap();
     assert_eq!(y[0].data.to_f64_vec(), [16.0, 81.0, 16.0, 625.0]);
     assert_eq!(y[1].data.to_f64_vec(), [4.0, 27.0, -8.0, 625.0]);
+}
+
+/// QuantizeLinear rounds x / scale half to even, adds the zero point and saturates to the zero
+/// point's type, the same when the input is computed (graph ops) and when it is known (folded
+/// at import); DequantizeLinear with `block_size` folds a blocked int8 weight; a zero point
+/// whose type contradicts `output_dtype` names the node.
+#[test]
+fn quantize_linear_rounds_to_even_saturates_and_folds() {
+    use tensor_proto::DataType::{Float, Int8};
+    let dir = tempfile::tempdir().unwrap();
+    let xs = vec![0.25f32, 0.75, -0.25, 100.0, -100.0, 1.25];
+    let want = [-1.0, 1.0, -1.0, 127.0, -128.0, 1.0];
+    let zp = |name: &str| TensorProto { name: Some(name.into()), data_type: Some(Int8 as i32), dims: vec![], int32_data: vec![-1], ..Default::default() };
+    let run = |known: bool, attrs: Vec<AttributeProto>| {
+        let mut init = vec![tensor("s", Float, &[], vec![0.5], vec![], None), zp("z")];
+        let mut input = vec![];
+        if known {
+            init.push(tensor("x", Float, &[6], xs.clone(), vec![], None));
+        } else {
+            input.push(vi("x", 1, &[Ok(6)]));
+        }
+        input.push(vi("p", 1, &[Ok(6)]));
+        let g = GraphProto {
+            node: vec![
+                node("QuantizeLinear", &["x", "s", "z"], &["q"], attrs),
+                node("Cast", &["q"], &["qf"], vec![int_attr("to", 1)]),
+                node("Add", &["qf", "p"], &["y"], vec![]),
+            ],
+            input,
+            output: vec![vi("y", 1, &[Ok(6)])],
+            initializer: init,
+            ..Default::default()
+        };
+        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 21).encode_to_vec());
+        let m = OnnxModel::open(&p, &[])?;
+        let b = Bucket::new(1, 1);
+        let g = m.graph_for(b)?;
+        let w = m.weights(&g)?;
+        let zeros = HostTensor::f32(vec![6], vec![0.0; 6]).unwrap();
+        let ins = if known { vec![zeros] } else { vec![HostTensor::f32(vec![6], xs.clone()).unwrap(), zeros] };
+        Ok::<_, Error>((interpret(&g, &w, &ins, b)?[0].to_f32_vec(), g.nodes.iter().any(|n| matches!(n.op, Op::Unary(kiln_runtime::graph::UnaryOp::Round)))))
+    };
+    assert_eq!(run(false, vec![]).unwrap(), (want.to_vec(), true));
+    assert_eq!(run(true, vec![]).unwrap(), (want.to_vec(), false), "folded at import");
+    // output_dtype says uint8 (2), the zero point is int8.
+    for known in [false, true] {
+        let e = run(known, vec![int_attr("output_dtype", 2)]).unwrap_err().to_string();
+        assert!(e.contains("node `n_q` (QuantizeLinear") && e.contains("output_dtype") && !e.contains('\n'), "{e}");
+    }
+
+    // Blocked DequantizeLinear of an int8 weight [2, 4], blocks of 2 along axis 1: scales [2, 2].
+    let q: Vec<u8> = [1i8, 2, 3, 4, -1, -2, -3, -4].iter().map(|&v| v as u8).collect();
+    let g = GraphProto {
+        node: vec![
+            node("DequantizeLinear", &["wq", "ws"], &["w"], vec![int_attr("axis", 1), int_attr("block_size", 2)]),
+            node("Add", &["x", "w"], &["y"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[Ok(2), Ok(4)])],
+        output: vec![vi("y", 1, &[Ok(2), Ok(4)])],
+        initializer: vec![tensor("wq", Int8, &[2, 4], vec![], vec![], Some(q)), tensor("ws", Float, &[2, 2], vec![1.0, 10.0, 100.0, 1000.0], vec![], None)],
+        ..Default::default()
+    };
+    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 21).encode_to_vec());
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b).unwrap();
+    let w = m.weights(&g).unwrap();
+    let y = interpret(&g, &w, &[HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap()], b).unwrap();
+    assert_eq!(y[0].to_f32_vec(), [1.0, 2.0, 30.0, 40.0, -100.0, -200.0, -3000.0, -4000.0]);
 }

@@ -20,8 +20,13 @@ mod gather;
 mod layout;
 mod linalg;
 mod norm;
+mod quant;
 mod rotary;
-pub use contrib::CONTRIB;
+
+/// Whether the importer knows `op` of domain `com.microsoft` (for `kiln onnx-ops`).
+pub fn supported_contrib(op: &str) -> bool {
+    contrib::CONTRIB.contains(&op) || quant::CONTRIB_OPS.contains(&op)
+}
 
 /// Why a node could not be imported.
 #[derive(Debug)]
@@ -88,7 +93,7 @@ fn one(v: ValueId) -> R<Vec<ValueId>> {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 7] = [
+const FAMILIES: [(&[&str], ImportFn); 8] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -96,6 +101,7 @@ const FAMILIES: [(&[&str], ImportFn); 7] = [
     (gather::OPS, |im, cx| im.import_gather(cx)),
     (attention::OPS, |im, cx| im.import_attention(cx)),
     (rotary::OPS, |im, cx| im.import_rotary(cx)),
+    (quant::OPS, |im, cx| im.import_quant(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
@@ -455,7 +461,7 @@ impl<'m> Importer<'m> {
 /// The ONNX type code of `v`'s type (CastLike's target).
 fn like_code(v: &Val, im: &Importer) -> i32 {
     match v {
-        Val::Lit(l) => elem_code(l.elem),
+        Val::Lit(l) => l.elem.code(),
         Val::Node(id) => match im.g.node(*id).dtype {
             DType::F32 => 1,
             DType::F16 => 10,
@@ -463,24 +469,6 @@ fn like_code(v: &Val, im: &Importer) -> i32 {
             DType::I32 => 6,
             DType::I64 => 7,
         },
-    }
-}
-
-pub fn elem_code(e: Elem) -> i32 {
-    match e {
-        Elem::F32 => 1,
-        Elem::U8 => 2,
-        Elem::I8 => 3,
-        Elem::U16 => 4,
-        Elem::I16 => 5,
-        Elem::I32 => 6,
-        Elem::I64 => 7,
-        Elem::Bool => 9,
-        Elem::F16 => 10,
-        Elem::F64 => 11,
-        Elem::U32 => 12,
-        Elem::U64 => 13,
-        Elem::BF16 => 16,
     }
 }
 
@@ -493,5 +481,5 @@ fn is_lazy(l: &Lit) -> bool {
 /// Ops that fold a large initializer at import (dequantization patterns) rather than reading it
 /// as a weight.
 fn folds_weights(op: &str) -> bool {
-    matches!(op, "DequantizeLinear" | "Cast" | "Mul" | "Sub" | "Identity" | "Shape" | "Size" | "MatMulInteger")
+    matches!(op, "DequantizeLinear" | "QuantizeLinear" | "Cast" | "Mul" | "Sub" | "Identity" | "Shape" | "Size" | "MatMulInteger")
 }

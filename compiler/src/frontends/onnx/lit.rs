@@ -234,7 +234,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             }
         }
         "Cast" | "CastLike" => {
-            let code = if op == "CastLike" { super::import::elem_code(x(1)?.elem) } else { at.int("to", 1) as i32 };
+            let code = if op == "CastLike" { x(1)?.elem.code() } else { at.int("to", 1) as i32 };
             let to = Elem::from_code(code).ok_or_else(|| format!("Cast to {}", Elem::name_of(code)))?;
             let a = x(0)?;
             let v = a.floats();
@@ -504,33 +504,81 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             let out = if keep { kept } else { a.shape.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &n)| n).collect() };
             one(Lit::of(a.elem, out, red))
         }
-        "DequantizeLinear" => {
-            let (q, scale) = (x(0)?, x(1)?);
+        // (q - zero)·scale and clamp(round(x / scale) + zero), scale and zero point per tensor,
+        // per slice along `axis`, or per block of `block_size` along it (opset 21).
+        "DequantizeLinear" | "QuantizeLinear" => {
+            let (v, scale) = (x(0)?, x(1)?);
             let zp = ins.get(2).copied().flatten();
-            let r = q.shape.len();
-            let per_axis = scale.numel() > 1;
-            let ax = if per_axis { shape::axis(at.int("axis", 1), r)? } else { 0 };
-            let st = shape::strides(&q.shape);
-            let (qs, ss) = (q.ints(), scale.floats());
-            let zs = zp.map(|z| z.ints()).unwrap_or_default();
-            if scale.numel() == 0 || (per_axis && scale.numel() != q.shape[ax]) || zp.is_some_and(|z| z.numel() != scale.numel()) {
-                let zn = zp.map(|z| z.shape.clone());
-                return Err(format!("DequantizeLinear of {:?} by scales {:?} (zero points {zn:?})", q.shape, scale.shape));
-            }
-            let v: Vec<f64> = qs
-                .iter()
-                .enumerate()
-                .map(|(i, &qv)| {
-                    let c = if per_axis { (i / st[ax]) % q.shape[ax] } else { 0 };
-                    let z = zs.get(c).copied().unwrap_or(0);
-                    (qv.wrapping_sub(z) as f64 * ss[c]) as f32 as f64
-                })
-                .collect();
-            let mut l = Lit::of(scale.elem, q.shape.clone(), v);
-            l.weight = q.weight;
+            let param = param_index(op, &v.shape, scale, zp, at)?;
+            let (ss, zs) = (scale.floats(), zp.map(|z| z.ints()).unwrap_or_default());
+            let z = |c: usize| zs.get(c).copied().unwrap_or(0);
+            let mut l = if op == "DequantizeLinear" {
+                let out: Vec<f64> = v.ints().iter().enumerate().map(|(i, &q)| (q.wrapping_sub(z(param(i))) as f64 * ss[param(i)]) as f32 as f64).collect();
+                Lit::of(scale.elem, v.shape.clone(), out)
+            } else {
+                let elem = q_elem(zp, at)?;
+                let (lo, hi) = elem.q_range().ok_or_else(|| format!("QuantizeLinear to {elem:?}"))?;
+                let out: Vec<f64> = v
+                    .floats()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &f)| ((f as f32 / ss[param(i)] as f32).round_ties_even() + z(param(i)) as f32).clamp(lo, hi) as f64)
+                    .collect();
+                Lit::of(elem, v.shape.clone(), out)
+            };
+            l.weight = v.weight;
             one(l)
         }
         _ => Ok(None),
+    }
+}
+
+/// For (De)QuantizeLinear of `shape`: the index into the scale (and zero point) of each
+/// element, per tensor, per slice along `axis` or per `block_size` elements along it.
+fn param_index(op: &str, shape: &[usize], scale: &Lit, zp: Option<&Lit>, at: &Attrs) -> R<impl Fn(usize) -> usize> {
+    let r = shape.len();
+    let block = at.int("block_size", 0);
+    let bad = || format!("{op} of {shape:?} by scales {:?} (zero points {:?}, block_size {block})", scale.shape, zp.map(|z| z.shape.clone()));
+    if scale.numel() == 0 || zp.is_some_and(|z| z.numel() != scale.numel()) {
+        return Err(bad());
+    }
+    let st = shape::strides(shape);
+    let shape = shape.to_vec();
+    // (axis, block length along it, the scale's strides): one scale for all when axis is None.
+    let (ax, blen, sst) = if block < 0 {
+        return Err(bad());
+    } else if block > 0 {
+        let ax = shape::axis(at.int("axis", 1), r)?;
+        let b = block as usize;
+        let want: Vec<usize> = shape.iter().enumerate().map(|(d, &n)| if d == ax { n.div_ceil(b) } else { n }).collect();
+        if scale.shape != want {
+            return Err(bad());
+        }
+        (Some(ax), b, shape::strides(&want))
+    } else if scale.numel() > 1 {
+        let ax = shape::axis(at.int("axis", 1), r)?;
+        if scale.shape.len() != 1 || scale.numel() != shape[ax] {
+            return Err(bad());
+        }
+        (Some(ax), 1, vec![])
+    } else {
+        (None, 1, vec![])
+    };
+    Ok(move |i: usize| match ax {
+        None => 0,
+        Some(ax) if sst.is_empty() => (i / st[ax]) % shape[ax],
+        Some(ax) => (0..r).map(|d| (i / st[d]) % shape[d] / if d == ax { blen } else { 1 } * sst[d]).sum(),
+    })
+}
+
+/// QuantizeLinear's output type: its zero point's, else `output_dtype`, else uint8.
+fn q_elem(zp: Option<&Lit>, at: &Attrs) -> R<Elem> {
+    match (zp, at.int("output_dtype", 0)) {
+        (Some(z), 0) => Ok(z.elem),
+        (Some(z), c) if Elem::from_code(c as i32) == Some(z.elem) => Ok(z.elem),
+        (Some(z), c) => Err(format!("output_dtype {} but a zero point of type {:?}", Elem::name_of(c as i32), z.elem)),
+        (None, 0) => Ok(Elem::U8),
+        (None, c) => Elem::from_code(c as i32).ok_or_else(|| format!("QuantizeLinear to {}", Elem::name_of(c as i32))),
     }
 }
 

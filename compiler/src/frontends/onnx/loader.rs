@@ -124,7 +124,7 @@ impl OnnxLoader {
             .filter_map(|t| {
                 let e = Elem::from_code(t.data_type.unwrap_or(0))?;
                 let shape: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
-                let bytes = shape.iter().product::<usize>() * e.size();
+                let bytes = e.bytes(shape.iter().product::<usize>());
                 Some(TensorInfo { name: t.name().to_string(), dtype: e.dtype(), shape, bytes })
             })
             .collect();

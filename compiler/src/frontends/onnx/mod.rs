@@ -417,7 +417,7 @@ impl OnnxModel {
             *count.entry(k).or_default() += 1;
         }
         let known = |k: &str| match k.strip_prefix("com.microsoft::") {
-            Some(c) => import::CONTRIB.contains(&c),
+            Some(c) => import::supported_contrib(c),
             None => import::supported(k),
         };
         let missing = count.keys().filter(|k| !known(k)).cloned().collect();

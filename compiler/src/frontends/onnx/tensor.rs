@@ -23,27 +23,38 @@ pub enum Elem {
     U32,
     U64,
     Bool,
+    /// 4-bit integers, two to a byte (the first in the low nibble).
+    I4,
+    U4,
 }
+
+/// `TensorProto.DataType` codes of the element types kiln reads: the one table both ways.
+const CODES: [(i32, Elem); 15] = [
+    (1, Elem::F32),
+    (2, Elem::U8),
+    (3, Elem::I8),
+    (4, Elem::U16),
+    (5, Elem::I16),
+    (6, Elem::I32),
+    (7, Elem::I64),
+    (9, Elem::Bool),
+    (10, Elem::F16),
+    (11, Elem::F64),
+    (12, Elem::U32),
+    (13, Elem::U64),
+    (16, Elem::BF16),
+    (21, Elem::U4),
+    (22, Elem::I4),
+];
 
 impl Elem {
     /// `TensorProto.DataType` code → element type (`None`: strings, complex, float8/4, ...).
     pub fn from_code(code: i32) -> Option<Elem> {
-        Some(match code {
-            1 => Elem::F32,
-            2 => Elem::U8,
-            3 => Elem::I8,
-            4 => Elem::U16,
-            5 => Elem::I16,
-            6 => Elem::I32,
-            7 => Elem::I64,
-            9 => Elem::Bool,
-            10 => Elem::F16,
-            11 => Elem::F64,
-            12 => Elem::U32,
-            13 => Elem::U64,
-            16 => Elem::BF16,
-            _ => return None,
-        })
+        CODES.iter().find(|(c, _)| *c == code).map(|&(_, e)| e)
+    }
+    /// The `TensorProto.DataType` code of this type.
+    pub fn code(self) -> i32 {
+        CODES.iter().find(|(_, e)| *e == self).map_or(0, |&(c, _)| c)
     }
     pub fn name_of(code: i32) -> String {
         let n = match code {
@@ -51,7 +62,6 @@ impl Elem {
             14 => "complex64",
             15 => "complex128",
             17..=20 => "float8",
-            21 | 22 => "4-bit integer",
             23 => "float4",
             _ => return Elem::from_code(code).map_or(format!("type code {code}"), |e| format!("{e:?}").to_lowercase()),
         };
@@ -66,8 +76,28 @@ impl Elem {
             Elem::F64 | Elem::I64 | Elem::U64 => 8,
             Elem::F32 | Elem::I32 | Elem::U32 => 4,
             Elem::F16 | Elem::BF16 | Elem::I16 | Elem::U16 => 2,
-            Elem::I8 | Elem::U8 | Elem::Bool => 1,
+            Elem::I8 | Elem::U8 | Elem::Bool | Elem::I4 | Elem::U4 => 1,
         }
+    }
+    /// Bytes that `n` values take in `raw_data` (4-bit types: two to a byte).
+    pub fn bytes(self, n: usize) -> usize {
+        match self {
+            Elem::I4 | Elem::U4 => n.div_ceil(2),
+            e => n * e.size(),
+        }
+    }
+    /// The values of a quantized type (QuantizeLinear's saturation bounds); `None` for the
+    /// types kiln does not quantize to (floats, 32-bit and wider integers, bool).
+    pub fn q_range(self) -> Option<(f32, f32)> {
+        Some(match self {
+            Elem::U8 => (0.0, 255.0),
+            Elem::I8 => (-128.0, 127.0),
+            Elem::U16 => (0.0, 65535.0),
+            Elem::I16 => (-32768.0, 32767.0),
+            Elem::I4 => (-8.0, 7.0),
+            Elem::U4 => (0.0, 15.0),
+            _ => return None,
+        })
     }
     /// The kiln dtype a value of this type computes in: floats keep f32/f16/bf16 (f64 becomes
     /// f32), every integer and bool type becomes i64.
@@ -186,14 +216,21 @@ fn elem_of(t: &TensorProto) -> Result<Elem, String> {
     Elem::from_code(code).ok_or_else(|| format!("element type {} is not supported", Elem::name_of(code)))
 }
 
+/// Value `k` of a 4-bit type from the byte holding it (`k` even: the low nibble).
+fn nibble(elem: Elem, byte: i64, k: usize) -> i64 {
+    let v = (byte >> (4 * (k % 2))) & 0xf;
+    if elem == Elem::I4 { (v ^ 8) - 8 } else { v }
+}
+
 /// Decodes `t` into a literal.
 pub fn lit_from_tensor(t: &TensorProto, dir: &Path) -> Result<Lit, String> {
     let elem = elem_of(t)?;
     let shape = dims(t)?;
     let n = checked_numel(&shape)?;
-    let raw = raw_bytes(t, dir, n * elem.size())?;
+    let raw = raw_bytes(t, dir, elem.bytes(n))?;
     let short = |have: usize| format!("holds {have} values, its shape {shape:?} needs {n}");
     let data = match raw {
+        Some(b) if matches!(elem, Elem::I4 | Elem::U4) => LitData::I((0..n).map(|k| nibble(elem, b[k / 2] as i64, k)).collect()),
         Some(b) => {
             let f = |i: usize| -> f64 {
                 let c = &b[i * elem.size()..(i + 1) * elem.size()];
@@ -239,6 +276,10 @@ pub fn lit_from_tensor(t: &TensorProto, dir: &Path) -> Result<Lit, String> {
             Elem::I64 if t.int64_data.len() == n => LitData::I(t.int64_data.clone()),
             Elem::I64 => return Err(short(t.int64_data.len())),
             Elem::U32 | Elem::U64 if t.uint64_data.len() == n => LitData::I(t.uint64_data.iter().map(|&x| x as i64).collect()),
+            // Two 4-bit values to each int32_data entry.
+            Elem::I4 | Elem::U4 if t.int32_data.len() == n.div_ceil(2) => {
+                LitData::I((0..n).map(|k| nibble(elem, t.int32_data[k / 2] as i64, k)).collect())
+            }
             Elem::I32 | Elem::I16 | Elem::I8 | Elem::U8 | Elem::U16 | Elem::Bool if t.int32_data.len() == n => {
                 LitData::I(t.int32_data.iter().map(|&x| x as i64).collect())
             }

@@ -156,6 +156,7 @@ impl Importer<'_> {
             }
             "Attention" => self.contrib_attention(name, n, ins, at),
             "MultiHeadAttention" => self.contrib_multi_head_attention(name, n, ins, at),
+            _ if super::quant::CONTRIB_OPS.contains(&op) => self.import_quant_contrib(op, name, n, ins, at),
             _ => unsup(format!("op `{op}` of domain com.microsoft is not supported")),
         }
     }

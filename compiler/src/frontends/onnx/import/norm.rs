@@ -22,17 +22,7 @@ impl Importer<'_> {
         match op {
             "Softmax" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
-                let s = self.shape(&Val::Node(x));
-                let r = s.len();
-                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), r)?;
-                if opset >= 13 || ax == r - 1 {
-                    return one(self.push(name, Op::Softmax { axis: ax }, vec![x])?);
-                }
-                // Before opset 13: softmax of the input flattened to [prod(..axis), prod(axis..)].
-                let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
-                let f = self.reshape(&self.fresh(name), x, &flat)?;
-                let y = self.tmp(name, Op::Softmax { axis: 1 }, vec![f])?;
-                one(self.reshape(name, y, &s)?)
+                one(self.softmax_at(name, x, at.int("axis", if opset >= 13 { -1 } else { 1 }), opset)?)
             }
             // A running sum along the axis as a product with a 0/1 triangular matrix (one GEMM;
             // kiln has no scan op): y[.., j] = Σ_i x[.., i]·T[i, j]. Integers go through f32,
@@ -249,6 +239,21 @@ impl Importer<'_> {
             }
             _ => unsup(format!("op `{op}` is not supported")),
         }
+    }
+
+    /// ONNX Softmax of `x` along `axis` under `opset`'s rule (the last op named `name`):
+    /// before opset 13, of the input flattened to [prod(..axis), prod(axis..)].
+    pub(super) fn softmax_at(&mut self, name: &str, x: ValueId, axis: i64, opset: i64) -> R<ValueId> {
+        let s = self.shape(&Val::Node(x));
+        let r = s.len();
+        let ax = shape::axis(axis, r)?;
+        if opset >= 13 || ax == r - 1 {
+            return self.push(name, Op::Softmax { axis: ax }, vec![x]);
+        }
+        let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+        let f = self.reshape(&self.fresh(name), x, &flat)?;
+        let y = self.tmp(name, Op::Softmax { axis: 1 }, vec![f])?;
+        self.reshape(name, y, &s)
     }
 
     /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as

@@ -1,0 +1,546 @@
+//! Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
+//! QLinearMatMul, and the `com.microsoft` forms onnxruntime's quantizer and its session
+//! optimizer write (MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearAdd, QLinearMul,
+//! QLinearSoftmax, QGemm-free QOperator models).
+//!
+//! kiln has no 8- or 16-bit integer type: a quantized value is an integer held in f32 (exact
+//! up to 2^24), so a QDQ pair on an activation is the elementwise chain
+//! `(clamp(round(x / s) + z) - z) · s` and an integer matmul is an f32 GEMM of integers (exact
+//! while its sums stay below 2^24, as MiniLM's do; past that the f32 rounding is far below the
+//! quantization step). Like onnxruntime, the requantization multiplier of a QLinear op is
+//! `a_scale · b_scale / y_scale` rounded to f32 first. Known operands (weights) fold at import
+//! (`lit.rs`); what onnxruntime computes with lookup tables (QLinearSoftmax) or fixed point
+//! (QLinearAdd/Mul) kiln computes in f32, so results may differ from it by one quantization
+//! step where a value lands on a rounding tie.
+
+use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use kiln_runtime::DType;
+
+use super::super::shape;
+use super::super::tensor::{Elem, Lit, LitData};
+use super::{one, unsup, Attrs, Fail, Importer, NodeCx, NodeProto, Val, R};
+
+/// The default-domain ops this file imports.
+pub(super) const OPS: &[&str] = &["DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear"];
+
+/// The `com.microsoft` ops this file imports.
+pub(super) const CONTRIB_OPS: &[&str] = &["DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits", "QLinearAdd", "QLinearMul", "QLinearSoftmax"];
+
+/// The saturation bounds of a node's quantized output type: its zero point's type `zero`
+/// where there is one, else `output_dtype` (QuantizeLinear, opset 21 on), else uint8 (ONNX's
+/// default).
+fn out_range(zero: Option<Elem>, at: &Attrs) -> R<(f32, f32)> {
+    let by_attr = match at.int("output_dtype", 0) {
+        0 => None,
+        c => Some(Elem::from_code(c as i32).ok_or_else(|| Fail::Unsupported(format!("quantized type {}", Elem::name_of(c as i32))))?),
+    };
+    let e = match (zero, by_attr) {
+        (Some(z), Some(a)) if z != a => return Err(Fail::Invalid(format!("output_dtype {a:?} but a zero point of type {z:?}"))),
+        (Some(z), _) => z,
+        (None, Some(a)) => a,
+        (None, None) => Elem::U8,
+    };
+    e.q_range().ok_or_else(|| Fail::Unsupported(format!("quantization to {e:?}")))
+}
+
+/// MatMulNBits' B dequantized: the f32 [K, N] weight (see the op's arm).
+#[allow(clippy::too_many_arguments)]
+fn nbits_weight(b: &Lit, scales: &Lit, zeros: Option<&Lit>, g_idx: Option<&Lit>, k: i64, n: i64, bits: i64, block: i64) -> Result<Lit, String> {
+    if !(1..=8).contains(&bits) || block < 2 || k < 1 || n < 1 {
+        return Err(format!("MatMulNBits with K = {k}, N = {n}, bits = {bits}, block_size = {block}"));
+    }
+    let (k, n, bits, block) = (k as usize, n as usize, bits as usize, block as usize);
+    let blocks = k.div_ceil(block);
+    let blob = (block * bits).div_ceil(8);
+    if b.numel() != n * blocks * blob || !matches!(b.elem, Elem::U8 | Elem::I8) {
+        return Err(format!("MatMulNBits B of {:?} {:?} for N = {n}, {blocks} blocks of {blob} bytes", b.elem, b.shape));
+    }
+    if scales.numel() != n * blocks {
+        return Err(format!("MatMulNBits scales of shape {:?} for N = {n} and {blocks} blocks", scales.shape));
+    }
+    let packed_zero_row = (blocks * bits).div_ceil(8);
+    let zero_floats = zeros.is_some_and(|z| z.elem.is_float());
+    if let Some(z) = zeros {
+        let want = if zero_floats { n * blocks } else { n * packed_zero_row };
+        if z.numel() != want {
+            return Err(format!("MatMulNBits zero points of shape {:?} (want {want} values)", z.shape));
+        }
+    }
+    let group: Vec<usize> = match g_idx {
+        None => (0..k).map(|i| i / block).collect(),
+        Some(g) => {
+            let v = g.ints();
+            if v.len() != k || v.iter().any(|&x| x < 0 || x as usize >= blocks) {
+                return Err(format!("MatMulNBits g_idx of shape {:?} for K = {k} and {blocks} blocks", g.shape));
+            }
+            v.iter().map(|&x| x as usize).collect()
+        }
+    };
+    // The `i`-th `bits`-wide value of a byte string, LSB first.
+    let field = |bytes: &[i64], i: usize| -> f64 {
+        let (bit, mask) = (i * bits, (1u32 << bits) - 1);
+        let lo = bytes[bit / 8] as u32 & 0xff;
+        let hi = bytes.get(bit / 8 + 1).map_or(0, |&x| x as u32 & 0xff);
+        (((lo | hi << 8) >> (bit % 8)) & mask) as f64
+    };
+    let (bq, sc) = (b.ints(), scales.floats());
+    let (zi, zf) = (zeros.map(|z| z.ints()).unwrap_or_default(), zeros.map(|z| z.floats()).unwrap_or_default());
+    let default_zero = (1usize << (bits - 1)) as f64;
+    let mut w = vec![0f64; k * n];
+    for col in 0..n {
+        let row = &bq[col * blocks * blob..(col + 1) * blocks * blob];
+        for (kk, &g) in group.iter().enumerate() {
+            // The value sits in its position's block; `g_idx` only picks its scale and zero.
+            let at = kk / block;
+            let q = field(&row[at * blob..(at + 1) * blob], kk % block);
+            let s = sc[col * blocks + g];
+            let z = match zeros {
+                None => default_zero,
+                Some(_) if zero_floats => zf[col * blocks + g],
+                Some(_) => field(&zi[col * packed_zero_row..(col + 1) * packed_zero_row], g),
+            };
+            w[kk * n + col] = ((q - z) as f32 * s as f32) as f64;
+        }
+    }
+    let mut l = Lit::of(Elem::F32, vec![k, n], w);
+    l.weight = true;
+    Ok(l)
+}
+
+/// Whether the node's optional input `k` is given.
+fn given(ins: &[Option<Val>], k: usize) -> bool {
+    ins.get(k).is_some_and(|v| v.is_some())
+}
+
+impl Importer<'_> {
+    /// The ONNX element type of the node's input `k`, where it is known: a literal's, or a
+    /// graph input's declared type (kiln's own dtype of a computed value holds integers as
+    /// i64 or f32, so it cannot tell int8 from uint8).
+    fn elem_at(&self, n: &NodeProto, ins: &[Option<Val>], k: usize) -> Option<Elem> {
+        match ins.get(k)?.as_ref()? {
+            Val::Lit(l) => Some(l.elem),
+            Val::Node(_) => self.m.inputs.iter().find(|i| Some(&i.name) == n.input.get(k)).map(|i| i.elem),
+        }
+    }
+
+    /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
+    pub(super) fn import_quant(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
+        let NodeCx { op, name, n, ins, at, .. } = *cx;
+        match op {
+            // Dynamic (per-tensor) uint8 quantization, as onnxruntime's quantize_dynamic writes it.
+            "DynamicQuantizeLinear" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let scale_name = n.output.get(1).map(String::as_str).filter(|o| !o.is_empty()).map(str::to_string);
+                let (y, scale, zp) = self.dynamic_quantize(name, x, scale_name)?;
+                Ok(vec![y, scale, zp])
+            }
+            "MatMulInteger" => {
+                let a = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let a = self.centered(name, a, ins.get(2).cloned().flatten(), &cx.iname(2))?;
+                let b = self.integer_rhs(cx.iname(1), cx.inp(1)?, ins.get(3).cloned().flatten(), cx.iname(3), name)?;
+                one(self.integer_matmul(name, a, b)?)
+            }
+            "DequantizeLinear" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let xs = self.shape(&Val::Node(x));
+                if at.int("block_size", 0) != 0 {
+                    return unsup("blocked DequantizeLinear of a run-time value");
+                }
+                let axis = at.int("axis", 1);
+                let scale = self.q_param(cx, 1, &xs, axis)?.ok_or_else(|| Fail::Invalid("DequantizeLinear without a scale".into()))?;
+                let zero = self.q_param(cx, 2, &xs, axis)?;
+                let xf = self.tmp(name, Op::Cast { to: DType::F32 }, vec![x])?;
+                let y = self.dequantize(&self.fresh(name), xf, scale, zero)?;
+                // An f32 tensor, rounded as such on the f64 reference too (see `requantize`).
+                one(self.push(name, Op::Cast { to: DType::F32 }, vec![y])?)
+            }
+            "QuantizeLinear" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let xs = self.shape(&Val::Node(x));
+                if at.int("block_size", 0) != 0 {
+                    return unsup("blocked QuantizeLinear of a run-time value");
+                }
+                let range = out_range(self.elem_at(n, ins, 2), at)?;
+                let axis = at.int("axis", 1);
+                let scale = self.q_param(cx, 1, &xs, axis)?.ok_or_else(|| Fail::Invalid("QuantizeLinear without a scale".into()))?;
+                let zero = self.q_param(cx, 2, &xs, axis)?;
+                // The input and the scale as f32 holds them (see `requantize`).
+                let xf = self.tmp(name, Op::Cast { to: DType::F32 }, vec![x])?;
+                let scale = self.tmp(name, Op::Cast { to: DType::F32 }, vec![scale])?;
+                let v = self.tmp(name, Op::Binary(BinaryOp::Div), vec![xf, scale])?;
+                one(self.requantize(name, v, zero, range)?)
+            }
+            // (a - a_zero)·(b - b_zero) requantized by a_scale·b_scale / y_scale.
+            "QLinearMatMul" => {
+                let range = out_range(self.elem_at(n, ins, 7), at)?;
+                let b = self.integer_rhs(cx.iname(3), cx.inp(3)?, ins.get(5).cloned().flatten(), cx.iname(5), name)?;
+                let a = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let a = self.centered(name, a, ins.get(2).cloned().flatten(), &cx.iname(2))?;
+                let acc = self.integer_matmul(&self.fresh(name), a, b)?;
+                let (sa, sb) = (self.shape(&Val::Node(a)), self.shape(&Val::Node(b)));
+                let a_scale = self.row_scale(name, &cx.iname(1), cx.inp(1)?, &sa)?;
+                let b_scale = self.column_scale(name, &cx.iname(4), cx.inp(4)?, &sb)?;
+                let ab = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![a_scale, b_scale])?;
+                let ys = self.node(&cx.iname(6), &cx.inp(6)?)?;
+                let ys = self.cast_to(name, ys, DType::F32)?;
+                let mult = self.tmp(name, Op::Binary(BinaryOp::Div), vec![ab, ys])?;
+                let v = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![acc, mult])?;
+                let zero = self.opt_f32(name, ins.get(7).cloned().flatten(), &cx.iname(7))?;
+                one(self.requantize(name, v, zero, range)?)
+            }
+            _ => unsup(format!("op `{op}` is not supported")),
+        }
+    }
+
+    /// A `com.microsoft` node of one of [`CONTRIB_OPS`]. Returns its outputs.
+    pub(super) fn import_quant_contrib(&mut self, op: &str, name: &str, n: &NodeProto, ins: &[Option<Val>], at: &Attrs) -> R<Vec<ValueId>> {
+        let inp = |k: usize| ins.get(k).cloned().flatten().ok_or_else(|| Fail::Invalid(format!("input {k} is missing")));
+        let iname = |k: usize| n.input.get(k).cloned().unwrap_or_default();
+        match op {
+            // (A - a_zero)·(B - b_zero)·(a_scale·b_scale) + bias, in f32; DynamicQuantizeMatMul
+            // quantizes its float A first, as DynamicQuantizeLinear does.
+            "MatMulIntegerToFloat" | "DynamicQuantizeMatMul" => {
+                let dynamic = op == "DynamicQuantizeMatMul";
+                // Input positions: A, B, a_scale, b_scale, a_zero, b_zero, bias (MatMulIntegerToFloat);
+                // A, B, b_scale, b_zero, bias (DynamicQuantizeMatMul).
+                let (bz, bs, bias) = if dynamic { (3, 2, 4) } else { (5, 3, 6) };
+                let b = self.integer_rhs(iname(1), inp(1)?, ins.get(bz).cloned().flatten(), iname(bz), name)?;
+                let a = self.node(&iname(0), &inp(0)?)?;
+                let (a, a_scale) = if dynamic {
+                    let (q, s, z) = self.dynamic_quantize(name, a, None)?;
+                    (self.tmp(name, Op::Binary(BinaryOp::Sub), vec![q, z])?, s)
+                } else {
+                    let a = self.centered(name, a, ins.get(4).cloned().flatten(), &iname(4))?;
+                    let s = self.node(&iname(2), &inp(2)?)?;
+                    if self.shape(&Val::Node(s)).iter().product::<usize>() != 1 {
+                        return unsup("MatMulIntegerToFloat with a_scale of more than one value");
+                    }
+                    let s = self.cast_to(name, s, DType::F32)?;
+                    let s = self.reshape(&self.fresh(name), s, &[])?;
+                    (a, s)
+                };
+                let acc = self.integer_matmul(&self.fresh(name), a, b)?;
+                let sb = self.shape(&Val::Node(b));
+                let b_scale = self.column_scale(name, &iname(bs), inp(bs)?, &sb)?;
+                let mult = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![a_scale, b_scale])?;
+                if !given(ins, bias) {
+                    return one(self.push(name, Op::Binary(BinaryOp::Mul), vec![acc, mult])?);
+                }
+                let y = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![acc, mult])?;
+                let bias = self.node(&iname(bias), &inp(bias)?)?;
+                let bias = self.cast_to(name, bias, DType::F32)?;
+                one(self.push(name, Op::Binary(BinaryOp::Add), vec![y, bias])?)
+            }
+            // Weight-only quantization (onnxruntime's MatMulNBits quantizer, Olive, the GenAI
+            // builders): B's `bits`-wide integers packed LSB first, [N, blocks, blob], one scale
+            // (and zero point, default 2^(bits-1)) per block of `block_size` along K, blocks
+            // picked by `g_idx` where given. Dequantized into an f32 [K, N] weight at import;
+            // the product is then kiln's f32 GEMM (onnxruntime's `accuracy_level` 4 quantizes
+            // A to int8 as well, which kiln does not: its results are the more exact ones).
+            "MatMulNBits" => {
+                let lit = |k: usize, what: &str| -> R<Option<Lit>> {
+                    match ins.get(k).cloned().flatten() {
+                        None => Ok(None),
+                        Some(Val::Lit(l)) => Ok(Some(self.lit(&iname(k), &l)?)),
+                        Some(Val::Node(_)) => unsup(format!("MatMulNBits {what} computed at run time")),
+                    }
+                };
+                let b = lit(1, "weights")?.ok_or_else(|| Fail::Invalid("MatMulNBits without B".into()))?;
+                let scales = lit(2, "scales")?.ok_or_else(|| Fail::Invalid("MatMulNBits without scales".into()))?;
+                let (zeros, g_idx) = (lit(3, "zero points")?, lit(4, "g_idx")?);
+                let (k, nn) = (at.int("K", 0), at.int("N", 0));
+                let (bits, block) = (at.int("bits", 4), at.int("block_size", 0));
+                let w = nbits_weight(&b, &scales, zeros.as_ref(), g_idx.as_ref(), k, nn, bits, block).map_err(Fail::Invalid)?;
+                let w = self.node(&format!("{}.dequant", iname(1)), &Val::Lit(w))?;
+                let a = self.node(&iname(0), &inp(0)?)?;
+                let dt = self.dtype(&Val::Node(a));
+                let w = self.cast_to(name, w, dt)?;
+                if self.shape(&Val::Node(a)).last() != Some(&(k as usize)) {
+                    return Err(Fail::Invalid(format!("A of shape {:?} for K = {k}", self.shape(&Val::Node(a)))));
+                }
+                let bias = given(ins, 5);
+                let mm = if bias { self.fresh(name) } else { name.to_string() };
+                let y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![a, w])?;
+                if !bias {
+                    return one(y);
+                }
+                let bv = self.node(&iname(5), &inp(5)?)?;
+                let bv = self.cast_to(name, bv, dt)?;
+                one(self.push(name, Op::Binary(BinaryOp::Add), vec![y, bv])?)
+            }
+            // onnxruntime's x86 kernels define these contrib ops (mlas qladd.cpp, qlmul.cpp),
+            // and they are not Q(DQ(A) ∘ DQ(B)) to the bit: Add takes the ratios
+            // rA = a_scale / c_scale, rB = b_scale / c_scale and rounds
+            // (F + first·r) + second·r with F = c_zero - (rA·a_zero + rB·b_zero), a
+            // one-element operand first; Mul rounds (a - a_zero)(b - b_zero)·(a_scale·b_scale /
+            // c_scale) and adds c_zero. Every step is an f32 op, as there (`f32_op`): where a
+            // value lands on a tie (a scale ratio of 127.5/127 is common) the f32 result is
+            // the one that counts.
+            "QLinearAdd" | "QLinearMul" => {
+                let range = out_range(self.elem_at(n, ins, 7).or(self.elem_at(n, ins, 2)), &Attrs::new(&[]))?;
+                let operand = |me: &mut Self, k: usize| -> R<(ValueId, ValueId, ValueId, usize)> {
+                    let x = me.node(&iname(k), &inp(k)?)?;
+                    let numel = me.shape(&Val::Node(x)).iter().product();
+                    let x = me.cast_to(name, x, DType::F32)?;
+                    let s = me.per_tensor(name, &iname(k + 1), inp(k + 1)?, op)?;
+                    let z = match me.opt_f32(name, ins.get(k + 2).cloned().flatten(), &iname(k + 2))? {
+                        Some(z) => me.per_tensor(name, &iname(k + 2), Val::Node(z), op)?,
+                        None => me.scalar(&me.fresh(name), 0.0, DType::F32)?,
+                    };
+                    Ok((x, s, z, numel))
+                };
+                let (a, a_s, a_z, a_n) = operand(self, 0)?;
+                let (b, b_s, b_z, b_n) = operand(self, 3)?;
+                let c_s = self.per_tensor(name, &iname(6), inp(6)?, op)?;
+                let c_z = match self.opt_f32(name, ins.get(7).cloned().flatten(), &iname(7))? {
+                    Some(z) => self.per_tensor(name, &iname(7), Val::Node(z), op)?,
+                    None => self.scalar(&self.fresh(name), 0.0, DType::F32)?,
+                };
+                use BinaryOp::{Add, Div, Mul, Sub};
+                let v = if op == "QLinearAdd" {
+                    let ra = self.f32_op(name, Div, a_s, c_s)?;
+                    let rb = self.f32_op(name, Div, b_s, c_s)?;
+                    let za = self.f32_op(name, Mul, ra, a_z)?;
+                    let zb = self.f32_op(name, Mul, rb, b_z)?;
+                    let zab = self.f32_op(name, Add, za, zb)?;
+                    let fixed = self.f32_op(name, Sub, c_z, zab)?;
+                    let ta = self.f32_op(name, Mul, a, ra)?;
+                    let tb = self.f32_op(name, Mul, b, rb)?;
+                    let (first, second) = if b_n == 1 && a_n != 1 { (tb, ta) } else { (ta, tb) };
+                    let v = self.f32_op(name, Add, fixed, first)?;
+                    self.f32_op(name, Add, v, second)?
+                } else {
+                    let ab = self.f32_op(name, Mul, a_s, b_s)?;
+                    let ratio = self.f32_op(name, Div, ab, c_s)?;
+                    let da = self.f32_op(name, Sub, a, a_z)?;
+                    let db = self.f32_op(name, Sub, b, b_z)?;
+                    let p = self.f32_op(name, Mul, da, db)?;
+                    let v = self.f32_op(name, Mul, p, ratio)?;
+                    let v = self.tmp(name, Op::Unary(UnaryOp::Round), vec![v])?;
+                    self.f32_op(name, Add, v, c_z)?
+                };
+                // Round (again, a no-op after Mul's) and saturate.
+                one(self.requantize(name, v, None, range)?)
+            }
+            // Q(Softmax(DQ(X))) along `axis`, with `opset`'s Softmax rule (before 13: the
+            // input flattened to 2-D at the axis).
+            "QLinearSoftmax" => {
+                let range = out_range(self.elem_at(n, ins, 4).or(self.elem_at(n, ins, 2)), &Attrs::new(&[]))?;
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let x = self.cast_to(name, x, DType::F32)?;
+                let xs = self.per_tensor(name, &iname(1), inp(1)?, op)?;
+                let xz = self.opt_f32(name, ins.get(2).cloned().flatten(), &iname(2))?;
+                let x = self.dequantize(&self.fresh(name), x, xs, xz)?;
+                let opset = at.int("opset", 13);
+                let p = self.softmax_at(&self.fresh(name), x, at.int("axis", if opset >= 13 { -1 } else { 1 }), opset)?;
+                let ys = self.per_tensor(name, &iname(3), inp(3)?, op)?;
+                let v = self.tmp(name, Op::Binary(BinaryOp::Div), vec![p, ys])?;
+                let zero = self.opt_f32(name, ins.get(4).cloned().flatten(), &iname(4))?;
+                one(self.requantize(name, v, zero, range)?)
+            }
+            _ => unsup(format!("op `{op}` of domain com.microsoft is not supported")),
+        }
+    }
+
+    /// Dynamic (per-tensor) uint8 quantization of `x`: (y, scale, zero point), the integers
+    /// held in f32. scale = (max(x, 0) - min(x, 0)) / 255, zero = round(-min / scale).
+    /// Rounding is half up (`trunc(v + 0.5)` after clamping to [0, 255]), where ONNX says half
+    /// to even: they differ only on exact ties.
+    fn dynamic_quantize(&mut self, name: &str, x: ValueId, scale_name: Option<String>) -> R<(ValueId, ValueId, ValueId)> {
+        if self.dtype(&Val::Node(x)) != DType::F32 {
+            return unsup("dynamic quantization of a non-f32 input");
+        }
+        let all: Vec<usize> = (0..self.shape(&Val::Node(x)).len()).collect();
+        let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.tmp(name, Op::Binary(op), vec![a, b]);
+        let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+        let hi = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
+        let nx = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])?;
+        let nlo = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
+        let hi = bin(self, BinaryOp::Max, hi, zero)?;
+        let nlo = bin(self, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
+        let range = bin(self, BinaryOp::Add, hi, nlo)?;
+        let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
+        let fresh = self.fresh(name);
+        let scale_name = scale_name.unwrap_or(fresh);
+        let scale = self.push(&scale_name, Op::Binary(BinaryOp::Div), vec![range, q])?;
+        let zf = bin(self, BinaryOp::Div, nlo, scale)?;
+        let zp = self.round_u8(name, zf)?;
+        let v = bin(self, BinaryOp::Div, x, scale)?;
+        let v = bin(self, BinaryOp::Add, v, zp)?;
+        let y = self.round_u8(name, v)?;
+        Ok((y, scale, zp))
+    }
+
+    /// `a op b` in f32, the result cast to f32 explicitly so the f64 reference backend rounds
+    /// it as an f32 backend does (see `requantize`).
+    fn f32_op(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+        let v = self.tmp(name, Op::Binary(op), vec![a, b])?;
+        self.tmp(name, Op::Cast { to: DType::F32 }, vec![v])
+    }
+
+    /// `v` rounded half up to an integer in [0, 255] (a uint8 held in f32).
+    fn round_u8(&mut self, name: &str, v: ValueId) -> R<ValueId> {
+        let lo = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
+        let hi = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
+        let half = self.scalar(&self.fresh(name), 0.5, DType::F32)?;
+        let c = self.tmp(name, Op::Binary(BinaryOp::Min), vec![v, hi])?;
+        let c = self.tmp(name, Op::Binary(BinaryOp::Max), vec![c, lo])?;
+        let h = self.tmp(name, Op::Binary(BinaryOp::Add), vec![c, half])?;
+        let i = self.tmp(name, Op::Cast { to: DType::I64 }, vec![h])?;
+        self.tmp(name, Op::Cast { to: DType::F32 }, vec![i])
+    }
+
+    /// `v` (already divided by the scale) as ONNX quantizes it: rounded half to even, plus the
+    /// zero point, saturated to `range`. The last op carries the node's name.
+    /// `v` is first cast to f32 explicitly: a no-op where f32 is computed in f32, it makes the
+    /// f64 reference backend round what it rounds from the f32 value too (ONNX defines these
+    /// ops on f32 tensors; an f64 quotient can land on a tie, -127.5, that the f32 one,
+    /// -127.49999, misses, and one step of the result would differ).
+    fn requantize(&mut self, name: &str, v: ValueId, zero: Option<ValueId>, range: (f32, f32)) -> R<ValueId> {
+        let v = self.tmp(name, Op::Cast { to: DType::F32 }, vec![v])?;
+        let mut v = self.tmp(name, Op::Unary(UnaryOp::Round), vec![v])?;
+        if let Some(z) = zero {
+            v = self.tmp(name, Op::Binary(BinaryOp::Add), vec![v, z])?;
+        }
+        let hi = self.scalar(&self.fresh(name), range.1, DType::F32)?;
+        let lo = self.scalar(&self.fresh(name), range.0, DType::F32)?;
+        let v = self.tmp(name, Op::Binary(BinaryOp::Min), vec![v, hi])?;
+        self.push(name, Op::Binary(BinaryOp::Max), vec![v, lo])
+    }
+
+    /// (x - zero)·scale, x and its parameters in f32. The last op carries `name`.
+    fn dequantize(&mut self, name: &str, xf: ValueId, scale: ValueId, zero: Option<ValueId>) -> R<ValueId> {
+        let xf = match zero {
+            Some(z) => self.tmp(name, Op::Binary(BinaryOp::Sub), vec![xf, z])?,
+            None => xf,
+        };
+        self.push(name, Op::Binary(BinaryOp::Mul), vec![xf, scale])
+    }
+
+    /// A scale or zero point (input `k`) of (De)QuantizeLinear for an input of shape `xs`:
+    /// one value, or one per slice along `axis` (shaped to broadcast there), in f32.
+    fn q_param(&mut self, cx: &NodeCx, k: usize, xs: &[usize], axis: i64) -> R<Option<ValueId>> {
+        let Some(v) = cx.ins.get(k).cloned().flatten() else { return Ok(None) };
+        let mut id = self.node(&cx.iname(k), &v)?;
+        let ps = self.shape(&Val::Node(id));
+        let n: usize = ps.iter().product();
+        if n != 1 {
+            let axis = shape::axis(axis, xs.len())?;
+            if ps.len() != 1 || xs.get(axis) != Some(&n) {
+                return unsup(format!("{} parameter of shape {ps:?} for an input of shape {xs:?}", cx.op));
+            }
+            let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, xs.len() - axis - 1)).collect();
+            id = self.reshape(&self.fresh(cx.name), id, &to)?;
+        }
+        Ok(Some(self.cast_to(cx.name, id, DType::F32)?))
+    }
+
+    /// An optional zero point as an f32 graph value.
+    fn opt_f32(&mut self, name: &str, v: Option<Val>, vname: &str) -> R<Option<ValueId>> {
+        let Some(v) = v else { return Ok(None) };
+        let id = self.node(vname, &v)?;
+        Ok(Some(self.cast_to(name, id, DType::F32)?))
+    }
+
+    /// A per-tensor scale (one value) as an f32 scalar.
+    fn per_tensor(&mut self, name: &str, vname: &str, v: Val, op: &str) -> R<ValueId> {
+        let id = self.node(vname, &v)?;
+        let s = self.shape(&Val::Node(id));
+        if s.iter().product::<usize>() != 1 {
+            return unsup(format!("{op} with a scale of shape {s:?} (only per-tensor)"));
+        }
+        let id = self.cast_to(name, id, DType::F32)?;
+        if s.is_empty() {
+            return Ok(id);
+        }
+        self.reshape(&self.fresh(name), id, &[])
+    }
+
+    /// `a` (integers) minus its optional zero point, in f32.
+    fn centered(&mut self, name: &str, a: ValueId, zero: Option<Val>, zname: &str) -> R<ValueId> {
+        let af = self.cast_to(name, a, DType::F32)?;
+        let Some(z) = self.opt_f32(name, zero, zname)? else { return Ok(af) };
+        if self.shape(&Val::Node(z)).iter().product::<usize>() != 1 {
+            return unsup("a zero point per row of the left operand");
+        }
+        self.tmp(name, Op::Binary(BinaryOp::Sub), vec![af, z])
+    }
+
+    /// The right operand of an integer matmul minus its zero point (one value or one per
+    /// column), in f32; known (weights), it becomes an f32 weight at import.
+    fn integer_rhs(&mut self, bname: String, b: Val, zero: Option<Val>, zname: String, name: &str) -> R<ValueId> {
+        match (b, zero) {
+            (Val::Lit(b), zero) => {
+                let b = self.lit(&bname, &b)?;
+                let zl = match zero {
+                    Some(Val::Lit(z)) => Some(z),
+                    Some(Val::Node(_)) => return unsup("an integer matmul zero point computed at run time for known weights"),
+                    None => None,
+                };
+                let mut w = Lit::of(Elem::F32, b.shape.clone(), b.floats());
+                if let Some(z) = zl {
+                    let zv = z.floats();
+                    let n_out = *b.shape.last().unwrap_or(&1);
+                    if zv.len() != 1 && zv.len() != n_out {
+                        return unsup(format!("a weight zero point of {} values for {n_out} columns", zv.len()));
+                    }
+                    if let LitData::F(v) = &mut w.data {
+                        for (i, x) in v.iter_mut().enumerate() {
+                            *x -= if zv.len() == 1 { zv[0] } else { zv[i % n_out] };
+                        }
+                    }
+                }
+                w.weight = b.weight || w.numel() > 64;
+                self.node(&format!("{bname}.int"), &Val::Lit(w))
+            }
+            (b, zero) => {
+                let b = self.node(&bname, &b)?;
+                let bf = self.cast_to(name, b, DType::F32)?;
+                let Some(z) = self.opt_f32(name, zero, &zname)? else { return Ok(bf) };
+                let (zs, bs) = (self.shape(&Val::Node(z)), self.shape(&Val::Node(bf)));
+                if zs.iter().product::<usize>() != 1 && zs != bs.last().copied().into_iter().collect::<Vec<_>>() {
+                    return unsup(format!("a zero point of shape {zs:?} for a right operand of shape {bs:?}"));
+                }
+                self.tmp(name, Op::Binary(BinaryOp::Sub), vec![bf, z])
+            }
+        }
+    }
+
+    /// The GEMM (named `out`) of two integer operands held in f32 (matrices or stacks of them).
+    fn integer_matmul(&mut self, out: &str, a: ValueId, b: ValueId) -> R<ValueId> {
+        if self.shape(&Val::Node(a)).len() < 2 || self.shape(&Val::Node(b)).len() < 2 {
+            return unsup("an integer matmul of vectors");
+        }
+        self.push(out, Op::MatMul { transpose_a: false, transpose_b: false }, vec![a, b])
+    }
+
+    /// The left operand's scale: one value, or one per row of a matrix ([M, 1]).
+    fn row_scale(&mut self, name: &str, vname: &str, v: Val, sa: &[usize]) -> R<ValueId> {
+        let id = self.node(vname, &v)?;
+        let s = self.shape(&Val::Node(id));
+        let n: usize = s.iter().product();
+        let id = self.cast_to(name, id, DType::F32)?;
+        if n == 1 {
+            return self.reshape(&self.fresh(name), id, &[]);
+        }
+        if sa.len() != 2 || s != [sa[0]] {
+            return unsup(format!("a left scale of shape {s:?} for an operand of shape {sa:?}"));
+        }
+        self.reshape(&self.fresh(name), id, &[sa[0], 1])
+    }
+
+    /// The right operand's scale: one value, or one per column ([N]).
+    fn column_scale(&mut self, name: &str, vname: &str, v: Val, sb: &[usize]) -> R<ValueId> {
+        let id = self.node(vname, &v)?;
+        let s = self.shape(&Val::Node(id));
+        let n: usize = s.iter().product();
+        let id = self.cast_to(name, id, DType::F32)?;
+        if n == 1 {
+            return self.reshape(&self.fresh(name), id, &[]);
+        }
+        if s.len() != 1 || sb.last() != Some(&n) {
+            return unsup(format!("a right scale of shape {s:?} for an operand of shape {sb:?}"));
+        }
+        Ok(id)
+    }
+}
