@@ -13,6 +13,7 @@ use super::tensor::{host_from_tensor, lit_from_tensor, Elem, Lit};
 use super::OnnxModel;
 use crate::ir::GraphExt as _;
 
+mod activation;
 mod attention;
 mod contrib;
 mod elementwise;
@@ -93,7 +94,7 @@ fn one(v: ValueId) -> R<Vec<ValueId>> {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 8] = [
+const FAMILIES: [(&[&str], ImportFn); 9] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -102,6 +103,7 @@ const FAMILIES: [(&[&str], ImportFn); 8] = [
     (attention::OPS, |im, cx| im.import_attention(cx)),
     (rotary::OPS, |im, cx| im.import_rotary(cx)),
     (quant::OPS, |im, cx| im.import_quant(cx)),
+    (activation::OPS, |im, cx| im.import_activation(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete

@@ -1,5 +1,6 @@
 //! Normalizations and reductions: Softmax, LogSoftmax, LayerNormalization (with its optional
-//! statistics), RMSNormalization, the Reduce family, and CumSum (as a triangular GEMM).
+//! statistics), RMSNormalization, the Reduce family, ArgMax/ArgMin, and CumSum (as a triangular
+//! GEMM).
 
 use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::DType;
@@ -11,7 +12,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization",
-    "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
+    "ArgMax", "ArgMin", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -236,6 +237,41 @@ impl Importer<'_> {
                         one(self.reshape(name, y, &out)?)
                     }
                 }
+            }
+            // The index of the first (or, with select_last_index, the last) largest value along
+            // the axis (ArgMin: of -x), NaN counting as largest as numpy's argmax has it:
+            // m = max(v), then the smallest (largest) position i where v == m or v is NaN,
+            // found as a Max over positions where it holds and -1 (or -n) elsewhere.
+            "ArgMax" | "ArgMin" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", 0), s.len())?;
+                let (keep, last) = (at.int("keepdims", 1) != 0, at.int("select_last_index", 0) != 0);
+                let dt = self.dtype(&Val::Node(x));
+                let v = if op == "ArgMin" { self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])? } else { x };
+                let m = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: true }, vec![v])?;
+                let mut hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![v, m])?;
+                if dt.is_float() {
+                    let nan = self.tmp(name, Op::Binary(BinaryOp::Ne), vec![v, v])?;
+                    hit = self.tmp(name, Op::Binary(BinaryOp::Max), vec![hit, nan])?;
+                }
+                let hit = self.as_bool(&self.fresh(name), hit)?;
+                let n = s[ax];
+                // Positions counted so that a Max finds the wanted one: i (last) or n - 1 - i (first).
+                let pos: Vec<f64> = (0..n).map(|i| if last { i as f64 } else { (n - 1 - i) as f64 }).collect();
+                let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], pos)))?;
+                let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, s.len() - ax - 1)).collect();
+                let iota = self.reshape(&self.fresh(name), iota, &to)?;
+                let miss = self.scalar(&self.fresh(name), -1.0, DType::F32)?;
+                let cand = self.tmp(name, Op::Where, vec![hit, iota, miss])?;
+                let best = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: keep }, vec![cand])?;
+                let best = if last {
+                    best
+                } else {
+                    let top = self.scalar(&self.fresh(name), (n - 1) as f32, DType::F32)?;
+                    self.tmp(name, Op::Binary(BinaryOp::Sub), vec![top, best])?
+                };
+                one(self.push(name, Op::Cast { to: DType::I64 }, vec![best])?)
             }
             _ => unsup(format!("op `{op}` is not supported")),
         }
