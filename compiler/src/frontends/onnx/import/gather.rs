@@ -1,5 +1,5 @@
-//! Gathers: Gather (an embedding table's rows, any axis, or known indices as slices) and
-//! GatherND.
+//! Gathers: Gather (an embedding table's rows, any axis, or known indices as slices),
+//! GatherElements and GatherND.
 
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ReduceOp, ValueId};
 use kiln_runtime::DType;
@@ -9,13 +9,48 @@ use super::super::tensor::{Elem, Lit};
 use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["Gather", "GatherND"];
+pub(super) const OPS: &[&str] = &["Gather", "GatherElements", "GatherND"];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
     pub(super) fn import_gather(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
         let NodeCx { op, name, at, .. } = *cx;
         match op {
+            // out[p] = data[p with p[axis] replaced by indices[p]]: one kiln Gather of the data
+            // as a [numel, 1] table by flat ids `base[p] + wrap(indices[p])·stride[axis]`, where
+            // `base` (the other coordinates' part, known at import) is a literal.
+            "GatherElements" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let idx = self.node(&cx.iname(1), &cx.inp(1)?)?;
+                let (ds, is) = (self.shape(&Val::Node(x)), self.shape(&Val::Node(idx)));
+                let r = ds.len();
+                let ax = shape::axis(at.int("axis", 0), r)?;
+                if is.len() != r || is.iter().zip(&ds).enumerate().any(|(d, (&i, &n))| d != ax && i > n) {
+                    return Err(Fail::Invalid(format!("GatherElements indices of shape {is:?} for data of shape {ds:?} (axis {ax})")));
+                }
+                if self.dtype(&Val::Node(idx)) != DType::I64 {
+                    return unsup("GatherElements indices that are not integers");
+                }
+                let dst = shape::strides(&ds);
+                let ist = shape::strides(&is);
+                let numel: usize = is.iter().product();
+                let base: Vec<f64> = (0..numel)
+                    .map(|p| (0..r).filter(|&d| d != ax).map(|d| (p / ist[d] % is[d]) * dst[d]).sum::<usize>() as f64)
+                    .collect();
+                let base = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, is.clone(), base)))?;
+                let n = ds[ax];
+                let (zero, len) = (self.scalar(&self.fresh(name), 0.0, DType::I64)?, self.scalar(&self.fresh(name), n as f32, DType::I64)?);
+                let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![idx, zero])?;
+                let neg = self.as_bool(&self.fresh(name), neg)?;
+                let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![idx, len])?;
+                let idx = self.tmp(name, Op::Where, vec![neg, up, idx])?;
+                let stride = self.scalar(&self.fresh(name), dst[ax] as f32, DType::I64)?;
+                let off = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![idx, stride])?;
+                let flat = self.tmp(name, Op::Binary(BinaryOp::Add), vec![base, off])?;
+                let table = self.reshape(&self.fresh(name), x, &[ds.iter().product(), 1])?;
+                let g = self.tmp(name, Op::Gather, vec![table, flat])?;
+                one(self.reshape(name, g, &is)?)
+            }
             "Gather" => {
                 let data = cx.inp(0)?;
                 let ids = cx.inp(1)?;

@@ -1,5 +1,5 @@
 //! Layout ops: the reshapes (Reshape, Flatten, Squeeze, Unsqueeze), Transpose, Concat, Slice,
-//! Split, Expand, Tile, Trilu.
+//! Split, Expand, Tile, Pad, Trilu.
 
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ValueId};
 use kiln_runtime::DType;
@@ -11,7 +11,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split",
-    "Expand", "Tile",
+    "Expand", "Tile", "Pad",
 ];
 
 impl Importer<'_> {
@@ -19,6 +19,99 @@ impl Importer<'_> {
     pub(super) fn import_layout(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
         let NodeCx { op, name, n, ins, at, opset, .. } = *cx;
         match op {
+            // Padding per axis: negative pads crop (a Slice); `constant` concatenates blocks of
+            // the value, `edge`, `reflect` and `wrap` gather along the axis by known indices
+            // (numpy's rules, reflection repeating past the edge as np.pad's does).
+            "Pad" => {
+                let mut y = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let r = self.shape(&Val::Node(y)).len();
+                let (pads, value, axes) = if opset < 11 {
+                    let p = at.ints("pads").or_else(|| at.ints("paddings")).ok_or_else(|| Fail::Invalid("Pad without pads".into()))?;
+                    (p, at.float("value", 0.0) as f64, None)
+                } else {
+                    let p = cx.lit_of(1, "Pad's pads")?.ints();
+                    let v = match ins.get(2).cloned().flatten() {
+                        Some(_) => cx.lit_of(2, "Pad's constant_value")?.floats().first().copied().unwrap_or(0.0),
+                        None => 0.0,
+                    };
+                    let a = match ins.get(3).cloned().flatten() {
+                        Some(_) => Some(cx.lit_of(3, "Pad's axes")?.ints()),
+                        None => None,
+                    };
+                    (p, v, a)
+                };
+                let axes: Vec<usize> = match axes {
+                    Some(a) => a.iter().map(|&v| shape::axis(v, r)).collect::<Result<_, _>>()?,
+                    None => (0..r).collect(),
+                };
+                if pads.len() != 2 * axes.len() {
+                    return Err(Fail::Invalid(format!("{} pads for {} axes", pads.len(), axes.len())));
+                }
+                let mode = at.string("mode").unwrap_or_else(|| "constant".into());
+                if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
+                    return unsup(format!("Pad mode `{mode}`"));
+                }
+                let dt = self.dtype(&Val::Node(y));
+                for (k, &ax) in axes.iter().enumerate() {
+                    let (b, e) = (pads[k], pads[k + axes.len()]);
+                    let mut s = self.shape(&Val::Node(y));
+                    let n = s[ax] as i64;
+                    if b < 0 || e < 0 {
+                        let (start, end) = ((-b).max(0), n - (-e).max(0));
+                        if start >= end {
+                            return unsup(format!("Pad cropping axis {ax} of {n} to nothing (kiln has no empty tensors)"));
+                        }
+                        y = self.tmp(name, Op::Slice { axis: ax, start: start as usize, end: Dim::Fixed(end as usize) }, vec![y])?;
+                        s = self.shape(&Val::Node(y));
+                    }
+                    let (b, e, n) = (b.max(0) as usize, e.max(0) as usize, s[ax]);
+                    if b == 0 && e == 0 {
+                        continue;
+                    }
+                    if mode == "constant" {
+                        let elem = match dt {
+                            DType::F16 => Elem::F16,
+                            DType::BF16 => Elem::BF16,
+                            DType::F32 => Elem::F32,
+                            _ => Elem::I64,
+                        };
+                        let mut parts = Vec::new();
+                        for (len, before) in [(b, true), (e, false)] {
+                            if len == 0 {
+                                continue;
+                            }
+                            let mut bs = s.clone();
+                            bs[ax] = len;
+                            let numel = bs.iter().product();
+                            let blk = self.node(&self.fresh(name), &Val::Lit(Lit::of(elem, bs, vec![value; numel])))?;
+                            parts.push((before, blk));
+                        }
+                        let mut ins: Vec<ValueId> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
+                        ins.push(y);
+                        ins.extend(parts.iter().filter(|p| !p.0).map(|p| p.1));
+                        y = self.tmp(name, Op::Concat { axis: ax }, ins)?;
+                    } else {
+                        let (ni, period) = (n as i64, 2 * (n as i64 - 1));
+                        let ids: Vec<f64> = (0..(b + n + e) as i64)
+                            .map(|i| {
+                                let j = i - b as i64;
+                                (match mode.as_str() {
+                                    "edge" => j.clamp(0, ni - 1),
+                                    "wrap" => j.rem_euclid(ni),
+                                    _ if ni == 1 => 0,
+                                    _ => {
+                                        let m = j.rem_euclid(period);
+                                        if m < ni { m } else { period - m }
+                                    }
+                                }) as f64
+                            })
+                            .collect();
+                        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, vec![ids.len()], ids)))?;
+                        y = self.gather_axis(&self.fresh(name), y, &s, ax, ids, false)?;
+                    }
+                }
+                one(self.push(name, Op::Cast { to: dt }, vec![y])?)
+            }
             // The upper (or lower) triangle from diagonal k, as Where with a known mask.
             "Trilu" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
