@@ -107,10 +107,10 @@ const FAMILIES: [(&[&str], ImportFn); 9] = [
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
-/// type; Constant, ConstantOfShape and Range build literals; Sin, Cos, Mod and ReduceProd are
+/// type; Constant, ConstantOfShape and Range build literals; Sin, Cos and ReduceProd are
 /// computed by `lit.rs` where their inputs are known (rotary and relative-position tables are
 /// functions of positions, which a bucket fixes).
-const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "Mod", "Range", "ReduceProd", "Shape", "Sin", "Size"];
+const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "Range", "ReduceProd", "Shape", "Sin", "Size"];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
 /// `kiln onnx-ops`.

@@ -129,10 +129,19 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             // with fmod = 0 (integers only) the divisor's, as Python's `%` (`int_binary`).
             let fmod = op == "Mod" && at.int("fmod", 0) != 0;
             if a.elem.is_float() {
-                if op == "Mod" && !fmod {
-                    return Err("Mod of floats needs fmod = 1".into());
+                if op == "Mod" && !fmod && opset < 28 {
+                    return Err("Mod of floats needs fmod = 1 (before opset 28)".into());
                 }
-                let f = |f: &[f64], _: &[i64]| if fmod { f[0] % f[1] } else { float_binary(op, f[0], f[1]) };
+                // Python's `%` for floats (opset 28): fmod moved to the divisor's sign.
+                let floor_mod = |x: f64, y: f64| {
+                    let m = x % y;
+                    if m != 0.0 && (m < 0.0) != (y < 0.0) { m + y } else { m }
+                };
+                let f = |f: &[f64], _: &[i64]| match (op, fmod) {
+                    ("Mod", true) => f[0] % f[1],
+                    ("Mod", false) => floor_mod(f[0], f[1]),
+                    _ => float_binary(op, f[0], f[1]),
+                };
                 one(zip_map(&[a, b], a.elem, f)?)
             } else {
                 if matches!(op, "Div" | "Mod") && b.ints().contains(&0) {

@@ -1,4 +1,4 @@
-//! Elementwise ops: arithmetic (the broadcasting binaries, Pow), the unary functions, Clip, Sign,
+//! Elementwise ops: arithmetic (the broadcasting binaries, Pow, Mod), the unary functions, Clip, Sign,
 //! casts, Where, and the comparisons and logic ops (ONNX bools held as i64 0/1).
 
 use kiln_runtime::graph::{BinaryOp, Op, UnaryOp, ValueId};
@@ -11,7 +11,7 @@ use super::{like_code, one, unsup, Fail, Importer, NodeCx, Val, R};
 pub(super) const OPS: &[&str] = &[
     "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Pow", "Sqrt",
     "Reciprocal", "Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Relu", "Gelu", "Log", "Softplus",
-    "Floor", "Ceil", "Round", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
+    "Floor", "Ceil", "Round", "Mod", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
     "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
 ];
 
@@ -173,6 +173,48 @@ impl Importer<'_> {
                 one(x)
             }
             // (0 < x) - (x < 0), NaN kept (DeBERTa's relative positions use it; those fold).
+            // a - trunc(a / b)·b: C's fmod (fmod = 1, the dividend's sign; a itself where b is
+            // infinite); with fmod = 0 moved to the divisor's sign, as Python's `%` (integers;
+            // floats too from opset 28). Integer division truncates toward zero; the float
+            // quotient is rounded to f32 before trunc, so a quotient past 2^24 is not exact
+            // (the folded form, lit.rs, is).
+            "Mod" => {
+                let (a, b) = (self.node(&cx.iname(0), &cx.inp(0)?)?, self.node(&cx.iname(1), &cx.inp(1)?)?);
+                let dt = self.dtype(&Val::Node(a));
+                let fmod = at.int("fmod", 0) != 0;
+                if dt.is_float() && !fmod && opset < 28 {
+                    return Err(Fail::Invalid("Mod of floats needs fmod = 1 (before opset 28)".into()));
+                }
+                let bin = |me: &mut Self, op: BinaryOp, x: ValueId, y: ValueId| me.tmp(name, Op::Binary(op), vec![x, y]);
+                let mut q = bin(self, BinaryOp::Div, a, b)?;
+                if dt.is_float() {
+                    let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                    let neg = bin(self, BinaryOp::Lt, q, z)?;
+                    let neg = self.as_bool(&self.fresh(name), neg)?;
+                    let (up, down) = (self.tmp(name, Op::Unary(UnaryOp::Ceil), vec![q])?, self.tmp(name, Op::Unary(UnaryOp::Floor), vec![q])?);
+                    q = self.tmp(name, Op::Where, vec![neg, up, down])?;
+                }
+                let qb = bin(self, BinaryOp::Mul, q, b)?;
+                let mut m = bin(self, BinaryOp::Sub, a, qb)?;
+                if dt.is_float() {
+                    let ab = self.tmp(name, Op::Unary(UnaryOp::Abs), vec![b])?;
+                    let inf = self.scalar(&self.fresh(name), f32::INFINITY, dt)?;
+                    let binf = bin(self, BinaryOp::Eq, ab, inf)?;
+                    let binf = self.as_bool(&self.fresh(name), binf)?;
+                    m = self.tmp(name, Op::Where, vec![binf, a, m])?;
+                }
+                if fmod {
+                    return one(self.push(name, Op::Cast { to: dt }, vec![m])?);
+                }
+                let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                let (mneg, bneg) = (bin(self, BinaryOp::Lt, m, z)?, bin(self, BinaryOp::Lt, b, z)?);
+                let differ = bin(self, BinaryOp::Ne, mneg, bneg)?;
+                let nonzero = bin(self, BinaryOp::Ne, m, z)?;
+                let fix = bin(self, BinaryOp::Mul, differ, nonzero)?;
+                let fix = self.as_bool(&self.fresh(name), fix)?;
+                let up = bin(self, BinaryOp::Add, m, b)?;
+                one(self.push(name, Op::Where, vec![fix, up, m])?)
+            }
             "Sign" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let dt = self.dtype(&Val::Node(x));
