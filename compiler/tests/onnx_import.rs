@@ -576,3 +576,106 @@ fn quantize_linear_rounds_to_even_saturates_and_folds() {
     let y = interpret(&g, &w, &[HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap()], b).unwrap();
     assert_eq!(y[0].to_f32_vec(), [1.0, 2.0, 30.0, 40.0, -100.0, -200.0, -3000.0, -4000.0]);
 }
+
+/// Einsum against a naive evaluator (every assignment of the letters, summed): batched
+/// attention-style products, three operands, diagonals, full sums, outer products,
+/// implicit outputs.
+#[test]
+fn einsum_matches_a_naive_evaluation() {
+    let cases: [(&str, &[&[usize]]); 11] = [
+        ("bhqd,bhkd->bhqk", &[&[2, 3, 4, 5], &[2, 3, 6, 5]]),
+        ("ij,jk,kl->il", &[&[2, 3], &[3, 4], &[4, 5]]),
+        ("ii->", &[&[4, 4]]),
+        ("ij->", &[&[3, 4]]),
+        ("bij,bkj->bik", &[&[2, 3, 4], &[2, 5, 4]]),
+        ("i,j->ij", &[&[3], &[4]]),
+        ("abc,cd", &[&[2, 3, 4], &[4, 5]]),
+        ("iij->ji", &[&[3, 3, 2]]),
+        ("ij,ij->i", &[&[3, 4], &[3, 4]]),
+        ("bi,bj->bij", &[&[2, 3], &[2, 4]]),
+        ("ij->ji", &[&[3, 4]]),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (eq, shapes) in cases {
+        let (lhs, out) = match eq.split_once("->") {
+            Some((l, o)) => (l, o.to_string()),
+            None => {
+                let all: String = eq.replace(',', "");
+                let mut o: Vec<char> = all.chars().filter(|c| all.matches(*c).count() == 1).collect();
+                o.sort_unstable();
+                (eq, o.into_iter().collect())
+            }
+        };
+        let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
+        let xs: Vec<Vec<f32>> = shapes.iter().enumerate().map(|(k, s)| (0..s.iter().product::<usize>()).map(|i| ((i * 7 + k * 3) % 11) as f32 - 5.0).collect()).collect();
+        // Naive: the size of each letter, then every assignment.
+        let mut size = std::collections::BTreeMap::new();
+        for (t, s) in terms.iter().zip(shapes) {
+            for (c, &d) in t.iter().zip(s.iter()) {
+                size.insert(*c, d);
+            }
+        }
+        let letters: Vec<char> = size.keys().copied().collect();
+        let out_c: Vec<char> = out.chars().collect();
+        let out_shape: Vec<usize> = out_c.iter().map(|c| size[c]).collect();
+        let mut want = vec![0f32; out_shape.iter().product()];
+        let total: usize = letters.iter().map(|c| size[c]).product();
+        for mut p in 0..total {
+            let mut at = std::collections::BTreeMap::new();
+            for c in letters.iter().rev() {
+                at.insert(*c, p % size[c]);
+                p /= size[c];
+            }
+            let flat = |cs: &[char], s: &[usize]| cs.iter().zip(s).fold(0, |acc, (c, &d)| acc * d + at[c]);
+            let prod: f32 = terms.iter().zip(shapes).zip(&xs).map(|((t, s), x)| x[flat(t, s)]).product();
+            want[flat(&out_c, &out_shape)] += prod;
+        }
+        let g = GraphProto {
+            node: vec![NodeProto {
+                op_type: Some("Einsum".into()),
+                name: Some("e".into()),
+                input: (0..shapes.len()).map(|k| format!("x{k}")).collect(),
+                output: vec!["y".into()],
+                attribute: vec![AttributeProto { name: Some("equation".into()), s: Some(eq.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }],
+                ..Default::default()
+            }],
+            input: shapes.iter().enumerate().map(|(k, s)| vi(&format!("x{k}"), 1, &s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>())).collect(),
+            output: vec![vi("y", 1, &out_shape.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>())],
+            ..Default::default()
+        };
+        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 17).encode_to_vec());
+        let m = OnnxModel::open(&p, &[]).unwrap();
+        let b = Bucket::new(1, 1);
+        let gr = m.graph_for(b).unwrap();
+        let w = m.weights(&gr).unwrap();
+        let ins: Vec<HostTensor> = shapes.iter().zip(&xs).map(|(s, x)| HostTensor::f32(s.to_vec(), x.clone()).unwrap()).collect();
+        let y = interpret(&gr, &w, &ins, b).unwrap();
+        assert_eq!(y[0].shape, out_shape, "{eq}");
+        assert_eq!(y[0].to_f32_vec(), want, "{eq}");
+    }
+}
+
+/// Malformed Einsum equations are one-line errors naming the node, never a panic.
+#[test]
+fn malformed_einsum_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    for eq in ["", "->", "a,b", "ab->c", "abcdefgh...->", "a...b...->", "é->", "ij->ii", "i->j", "ij->i->j", "aa->a", "abc->", "i.j->"] {
+        let g = GraphProto {
+            node: vec![NodeProto {
+                op_type: Some("Einsum".into()),
+                name: Some("e".into()),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                attribute: vec![AttributeProto { name: Some("equation".into()), s: Some(eq.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }],
+                ..Default::default()
+            }],
+            input: vec![vi("x", 1, &[Ok(2), Ok(3)])],
+            output: vec![vi("y", 1, &[])],
+            ..Default::default()
+        };
+        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 17).encode_to_vec());
+        let m = OnnxModel::open(&p, &[]).unwrap();
+        let e = m.graph_for(Bucket::new(1, 1)).unwrap_err().to_string();
+        assert!(e.contains("node `e` (Einsum") && !e.contains('\n'), "{eq:?}: {e}");
+    }
+}
