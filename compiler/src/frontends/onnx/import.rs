@@ -29,6 +29,13 @@ pub fn supported_contrib(op: &str) -> bool {
     contrib::CONTRIB.contains(&op) || quant::CONTRIB_OPS.contains(&op)
 }
 
+/// Every `com.microsoft` op the importer knows, sorted (the fuzzer's op list).
+pub fn supported_contrib_ops() -> Vec<&'static str> {
+    let mut ops: Vec<&'static str> = contrib::CONTRIB.iter().chain(quant::CONTRIB_OPS).copied().collect();
+    ops.sort_unstable();
+    ops
+}
+
 /// Why a node could not be imported.
 #[derive(Debug)]
 pub enum Fail {

@@ -13,6 +13,22 @@ use crate::ops::eval;
 
 type R<T> = Result<T, String>;
 
+/// The most elements a folded literal may have beyond the size of its largest input: literals
+/// are f64 vectors, and a shape op (ConstantOfShape, Expand, Tile, Range) fed small numbers can
+/// ask for any size. 2^28 elements (2 GiB) is far past any mask or table a model folds; weights
+/// folded elementwise (dequantization) are as large as their initializer and may exceed it.
+const FOLD_MAX: usize = 1 << 28;
+
+/// The element count of a folded literal of `shape` made from inputs of at most `have`
+/// elements: refused past [`FOLD_MAX`] (an error, where allocating would abort the process).
+pub(super) fn fold_numel(shape: &[usize], have: usize) -> R<usize> {
+    let n = checked_numel(shape)?;
+    if n > have.max(FOLD_MAX) {
+        return Err(format!("folding it would make a literal of shape {shape:?} ({n} elements; kiln folds at most 2^28 beyond its inputs' size)"));
+    }
+    Ok(n)
+}
+
 /// Visits the `n` row-major coordinates of `shape`.
 fn for_each_index(shape: &[usize], n: usize, mut f: impl FnMut(&[usize])) {
     let mut idx = vec![0usize; shape.len()];
@@ -30,7 +46,7 @@ fn for_each_index(shape: &[usize], n: usize, mut f: impl FnMut(&[usize])) {
 
 /// `out[i] = x[map(index of i)]` over `out_shape`.
 fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<Lit> {
-    let n = checked_numel(&out_shape)?;
+    let n = fold_numel(&out_shape, x.numel())?;
     let mut src = Vec::with_capacity(n);
     for_each_index(&out_shape, n, |idx| src.push(map(idx)));
     let data = match &x.data {
@@ -55,7 +71,7 @@ fn broadcast_each(xs: &[&Lit], mut f: impl FnMut(&[usize])) -> R<Vec<usize>> {
     }
     let sts: Vec<Vec<usize>> = xs.iter().map(|x| shape::strides(&x.shape)).collect();
     let mut offs = vec![0usize; xs.len()];
-    for_each_index(&out, checked_numel(&out)?, |idx| {
+    for_each_index(&out, fold_numel(&out, xs.iter().map(|x| x.numel()).max().unwrap_or(0))?, |idx| {
         for (k, x) in xs.iter().enumerate() {
             offs[k] = bidx(&x.shape, &sts[k], idx);
         }
@@ -280,7 +296,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         }
         "ConstantOfShape" => {
             let s: Vec<usize> = x(0)?.ints().iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d}"))).collect::<R<_>>()?;
-            let n = checked_numel(&s)?;
+            let n = fold_numel(&s, 0)?;
             let v = match at.tensor("value") {
                 Some(t) => lit_from_tensor(t, dir)?,
                 None => Lit::of(Elem::F32, vec![1], vec![0.0]),
@@ -332,7 +348,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             if s.elem.is_float() {
                 let (a, b, st) = (s.floats()[0], l.floats()[0], d.floats()[0]);
                 let n = ((b - a) / st).ceil().max(0.0) as usize;
-                checked_numel(&[n])?;
+                fold_numel(&[n], 0)?;
                 one(Lit::of(s.elem, vec![n], (0..n).map(|i| a + i as f64 * st).collect()))
             } else {
                 let (a, b, st) = (s.ints()[0], l.ints()[0], d.ints()[0]);
@@ -340,7 +356,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                     return Err("Range with delta 0".into());
                 }
                 let n = ((b as f64 - a as f64) / st as f64).ceil().max(0.0) as usize;
-                checked_numel(&[n])?;
+                fold_numel(&[n], 0)?;
                 let v = (0..n as i64).map(|i| a.wrapping_add(i.wrapping_mul(st))).collect();
                 one(Lit { elem: s.elem, shape: vec![n], data: LitData::I(v), weight: false })
             }
@@ -491,7 +507,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             };
             let keep = at.int("keepdims", 1) != 0;
             let kept: Vec<usize> = a.shape.iter().enumerate().map(|(d, &n)| if axes.contains(&d) { 1 } else { n }).collect();
-            let n = checked_numel(&kept)?;
+            let n = fold_numel(&kept, a.numel())?;
             let st = shape::strides(&a.shape);
             let v = a.floats();
             let mut acc: Vec<Vec<f64>> = vec![Vec::new(); n];

@@ -56,14 +56,17 @@ pub fn reshape(from: &[usize], to: &[i64], allowzero: bool) -> Result<Vec<usize>
             _ => return Err(format!("bad reshape target {to:?}")),
         }
     }
-    let known: usize = out.iter().product();
+    // Products checked: a target like [2^40, 2^40] is refused, not wrapped around.
+    let product = |v: &[usize]| v.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    let bad = || format!("cannot reshape {from:?} into {to:?}");
+    let known = product(&out).ok_or_else(bad)?;
     if let Some(i) = infer {
         if known == 0 || !n.is_multiple_of(known) {
-            return Err(format!("cannot reshape {from:?} into {to:?}"));
+            return Err(bad());
         }
         out[i] = n / known;
     }
-    if out.iter().product::<usize>() != n {
+    if product(&out) != Some(n) {
         return Err(format!("cannot reshape {from:?} into {to:?}"));
     }
     Ok(out)

@@ -68,6 +68,11 @@ impl Importer<'_> {
                     if b == 0 && e == 0 {
                         continue;
                     }
+                    // The padded value, and the blocks or indices made for it, are bounded as
+                    // folded literals are.
+                    let mut padded = s.clone();
+                    padded[ax] = n.checked_add(b).and_then(|v| v.checked_add(e)).ok_or_else(|| Fail::Invalid(format!("pads {b} and {e}")))?;
+                    super::super::lit::fold_numel(&padded, s.iter().product())?;
                     if mode == "constant" {
                         let elem = match dt {
                             DType::F16 => Elem::F16,
@@ -272,7 +277,7 @@ impl Importer<'_> {
                     return one(x);
                 }
                 let dt = self.dtype(&Val::Node(x));
-                let n1 = out.iter().product();
+                let n1 = super::super::lit::fold_numel(&out, s.iter().product())?;
                 let ones = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, out.clone(), vec![1.0; n1])))?;
                 let ones = if dt != DType::F32 { self.tmp(name, Op::Cast { to: dt }, vec![ones])? } else { ones };
                 one(self.push(name, Op::Binary(BinaryOp::Mul), vec![x, ones])?)

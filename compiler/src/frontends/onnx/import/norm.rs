@@ -257,6 +257,9 @@ impl Importer<'_> {
                 }
                 let hit = self.as_bool(&self.fresh(name), hit)?;
                 let n = s[ax];
+                if n == 0 {
+                    return unsup(format!("{op} over an empty axis"));
+                }
                 // Positions counted so that a Max finds the wanted one: i (last) or n - 1 - i (first).
                 let pos: Vec<f64> = (0..n).map(|i| if last { i as f64 } else { (n - 1 - i) as f64 }).collect();
                 let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], pos)))?;

@@ -362,11 +362,14 @@ impl Importer<'_> {
         let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
         let fresh = self.fresh(name);
         let scale_name = scale_name.unwrap_or(fresh);
-        let scale = self.push(&scale_name, Op::Binary(BinaryOp::Div), vec![range, q])?;
-        let zf = bin(self, BinaryOp::Div, nlo, scale)?;
+        // Every step an f32 op as onnxruntime's (`f32_op`): the reference backend then meets
+        // the same ties (x = 2 with scale 4/255 is 127.49999 in f32, 127.5 in f64).
+        let scale = bin(self, BinaryOp::Div, range, q)?;
+        let scale = self.push(&scale_name, Op::Cast { to: DType::F32 }, vec![scale])?;
+        let zf = self.f32_op(name, BinaryOp::Div, nlo, scale)?;
         let zp = self.round_u8(name, zf)?;
-        let v = bin(self, BinaryOp::Div, x, scale)?;
-        let v = bin(self, BinaryOp::Add, v, zp)?;
+        let v = self.f32_op(name, BinaryOp::Div, x, scale)?;
+        let v = self.f32_op(name, BinaryOp::Add, v, zp)?;
         let y = self.round_u8(name, v)?;
         Ok((y, scale, zp))
     }
@@ -385,7 +388,7 @@ impl Importer<'_> {
         let half = self.scalar(&self.fresh(name), 0.5, DType::F32)?;
         let c = self.tmp(name, Op::Binary(BinaryOp::Min), vec![v, hi])?;
         let c = self.tmp(name, Op::Binary(BinaryOp::Max), vec![c, lo])?;
-        let h = self.tmp(name, Op::Binary(BinaryOp::Add), vec![c, half])?;
+        let h = self.f32_op(name, BinaryOp::Add, c, half)?;
         let i = self.tmp(name, Op::Cast { to: DType::I64 }, vec![h])?;
         self.tmp(name, Op::Cast { to: DType::F32 }, vec![i])
     }
