@@ -615,7 +615,7 @@ fn single_node_model(op: &str, domain: &str, ins: &[NodeInput], attrs: &[(usize,
 /// Imports and runs a single-node model on the reference backend: any answer but a panic, and
 /// an error is one line. Where the reference runs it, the CPU backend (lowered, compiled by
 /// Cranelift) must too, to the same values within f32 rounding.
-fn run_single_node(op: &str, bytes: &[u8]) {
+fn run_single_node(bytes: &[u8]) {
     use kiln_runtime::{HostTensor, TensorData};
     let (_dir, m) = open_onnx(bytes);
     let m = match m {
@@ -670,7 +670,7 @@ proptest! {
         attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
         outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
     ) {
-        run_single_node(op, &single_node_model(op, "", &ins, &attrs, outs));
+        run_single_node(&single_node_model(op, "", &ins, &attrs, outs));
     }
 
     /// The same for every `com.microsoft` op the importer knows (the contrib ops of optimized
@@ -682,7 +682,7 @@ proptest! {
         attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
         outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
     ) {
-        run_single_node(op, &single_node_model(op, "com.microsoft", &ins, &attrs, outs));
+        run_single_node(&single_node_model(op, "com.microsoft", &ins, &attrs, outs));
     }
 
     /// Not bytes but the shapes and attributes of RotaryEmbedding and Attention: the importer's

@@ -142,9 +142,9 @@ impl Importer<'_> {
             "Mean" => {
                 let mut acc = x;
                 let mut count = 1;
-                for k in 1..ins.len() {
-                    let Some(v) = ins[k].clone() else { continue };
-                    let y = self.node(&cx.iname(k), &v)?;
+                for (k, v) in ins.iter().enumerate().skip(1) {
+                    let Some(v) = v else { continue };
+                    let y = self.node(&cx.iname(k), v)?;
                     acc = self.bin(name, Add, acc, y)?;
                     count += 1;
                 }
