@@ -1,5 +1,5 @@
 //! Gathers: Gather (an embedding table's rows, any axis, or known indices as slices),
-//! GatherElements and GatherND.
+//! GatherElements, GatherND, and OneHot (a comparison with positions).
 
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ReduceOp, ValueId};
 use kiln_runtime::DType;
@@ -9,7 +9,7 @@ use super::super::tensor::{Elem, Lit};
 use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
-pub(super) const OPS: &[&str] = &["Gather", "GatherElements", "GatherND"];
+pub(super) const OPS: &[&str] = &["Gather", "GatherElements", "GatherND", "OneHot"];
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
@@ -50,6 +50,41 @@ impl Importer<'_> {
                 let table = self.reshape(&self.fresh(name), x, &[ds.iter().product(), 1])?;
                 let g = self.tmp(name, Op::Gather, vec![table, flat])?;
                 one(self.reshape(name, g, &is)?)
+            }
+            // values[1] where the position along the new axis equals the index (negative ones
+            // counting from the end), values[0] elsewhere; indices truncated to integers.
+            "OneHot" => {
+                let idx = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let depth = cx.lit_of(1, "OneHot's depth")?.floats().first().copied().ok_or_else(|| Fail::Invalid("an empty OneHot depth".into()))?;
+                if !(depth >= 1.0 && depth <= (1u64 << 24) as f64) {
+                    return Err(Fail::Invalid(format!("OneHot depth {depth}")));
+                }
+                let depth = depth as usize;
+                let vals = self.node(&cx.iname(2), &cx.inp(2)?)?;
+                let vs = self.shape(&Val::Node(vals));
+                if vs.iter().product::<usize>() != 2 {
+                    return Err(Fail::Invalid(format!("OneHot values of shape {vs:?} (two: off, on)")));
+                }
+                let is = self.shape(&Val::Node(idx));
+                let ax = shape::axis(at.int("axis", -1), is.len() + 1)?;
+                let i = self.cast_to(name, idx, DType::I64)?;
+                let i = self.cast_to(name, i, DType::F32)?;
+                let (z, d) = (self.scalar(&self.fresh(name), 0.0, DType::F32)?, self.scalar(&self.fresh(name), depth as f32, DType::F32)?);
+                let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![i, z])?;
+                let neg = self.as_bool(&self.fresh(name), neg)?;
+                let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![i, d])?;
+                let i = self.tmp(name, Op::Where, vec![neg, up, i])?;
+                let mut us = is.clone();
+                us.insert(ax, 1);
+                let i = self.reshape(&self.fresh(name), i, &us)?;
+                let pos = self.positions(name, depth, is.len() - ax)?;
+                let hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![pos, i])?;
+                let hit = self.as_bool(&self.fresh(name), hit)?;
+                let flat = self.reshape(&self.fresh(name), vals, &[2])?;
+                let off = self.tmp(name, Op::Slice { axis: 0, start: 0, end: Dim::Fixed(1) }, vec![flat])?;
+                let on = self.tmp(name, Op::Slice { axis: 0, start: 1, end: Dim::Fixed(2) }, vec![flat])?;
+                let (off, on) = (self.reshape(&self.fresh(name), off, &[])?, self.reshape(&self.fresh(name), on, &[])?);
+                one(self.push(name, Op::Where, vec![hit, on, off])?)
             }
             "Gather" => {
                 let data = cx.inp(0)?;

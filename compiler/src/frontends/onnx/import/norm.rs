@@ -12,7 +12,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization",
-    "ArgMax", "ArgMin", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
+    "ArgMax", "ArgMin", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -238,46 +238,117 @@ impl Importer<'_> {
                     }
                 }
             }
-            // The index of the first (or, with select_last_index, the last) largest value along
-            // the axis (ArgMin: of -x), NaN counting as largest as numpy's argmax has it:
-            // m = max(v), then the smallest (largest) position i where v == m or v is NaN,
-            // found as a Max over positions where it holds and -1 (or -n) elsewhere.
             "ArgMax" | "ArgMin" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(x));
                 let ax = shape::axis(at.int("axis", 0), s.len())?;
                 let (keep, last) = (at.int("keepdims", 1) != 0, at.int("select_last_index", 0) != 0);
-                let dt = self.dtype(&Val::Node(x));
                 let v = if op == "ArgMin" { self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])? } else { x };
-                let m = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: true }, vec![v])?;
-                let mut hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![v, m])?;
-                if dt.is_float() {
-                    let nan = self.tmp(name, Op::Binary(BinaryOp::Ne), vec![v, v])?;
-                    hit = self.tmp(name, Op::Binary(BinaryOp::Max), vec![hit, nan])?;
-                }
-                let hit = self.as_bool(&self.fresh(name), hit)?;
-                let n = s[ax];
-                if n == 0 {
-                    return unsup(format!("{op} over an empty axis"));
-                }
-                // Positions counted so that a Max finds the wanted one: i (last) or n - 1 - i (first).
-                let pos: Vec<f64> = (0..n).map(|i| if last { i as f64 } else { (n - 1 - i) as f64 }).collect();
-                let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], pos)))?;
-                let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, s.len() - ax - 1)).collect();
-                let iota = self.reshape(&self.fresh(name), iota, &to)?;
-                let miss = self.scalar(&self.fresh(name), -1.0, DType::F32)?;
-                let cand = self.tmp(name, Op::Where, vec![hit, iota, miss])?;
-                let best = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: keep }, vec![cand])?;
-                let best = if last {
-                    best
-                } else {
-                    let top = self.scalar(&self.fresh(name), (n - 1) as f32, DType::F32)?;
-                    self.tmp(name, Op::Binary(BinaryOp::Sub), vec![top, best])?
-                };
+                let best = self.arg_max(name, v, ax, last, keep)?;
                 one(self.push(name, Op::Cast { to: DType::I64 }, vec![best])?)
+            }
+            // 1 at the first largest value along the axis, 0 elsewhere (before opset 13: of the
+            // input flattened to 2-D at the axis, as Softmax).
+            "Hardmax" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", if opset >= 13 { -1 } else { 1 }), s.len())?;
+                let (v, vax) = if opset >= 13 || ax + 1 == s.len() {
+                    (x, ax)
+                } else {
+                    let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
+                    (self.reshape(&self.fresh(name), x, &flat)?, 1)
+                };
+                let vs = self.shape(&Val::Node(v));
+                let best = self.arg_max(name, v, vax, false, true)?;
+                let iota = self.positions(name, vs[vax], vs.len() - vax - 1)?;
+                let hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![iota, best])?;
+                let hit = self.cast_to(name, hit, self.dtype(&Val::Node(x)))?;
+                let hit = if vs == s { hit } else { self.reshape(&self.fresh(name), hit, &s)? };
+                one(self.push(name, Op::Cast { to: self.dtype(&Val::Node(x)) }, vec![hit])?)
+            }
+            // x / ‖x‖_p along the axis (p 1 or 2), 0 where the norm is 0.
+            "LpNormalization" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let ax = shape::axis(at.int("axis", -1), s.len())?;
+                let dt = self.dtype(&Val::Node(x));
+                let sum = |me: &mut Self, v: ValueId| me.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes: vec![ax], keep_dims: true }, vec![v]);
+                let norm = match at.int("p", 2) {
+                    1 => {
+                        let a = self.tmp(name, Op::Unary(UnaryOp::Abs), vec![x])?;
+                        sum(self, a)?
+                    }
+                    2 => {
+                        let sq = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                        let s2 = sum(self, sq)?;
+                        self.tmp(name, Op::Unary(UnaryOp::Sqrt), vec![s2])?
+                    }
+                    p => return unsup(format!("LpNormalization with p = {p}")),
+                };
+                let y = self.tmp(name, Op::Binary(BinaryOp::Div), vec![x, norm])?;
+                let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                let zero = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![norm, z])?;
+                let zero = self.as_bool(&self.fresh(name), zero)?;
+                one(self.push(name, Op::Where, vec![zero, z, y])?)
+            }
+            // ONNX's function: (x - E[x]) / (√(E[x²] - E[x]²) + 1e-9) over `axes`.
+            "MeanVarianceNormalization" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let r = self.shape(&Val::Node(x)).len();
+                let axes: Vec<usize> = at.ints("axes").unwrap_or_else(|| vec![0, 2, 3]).iter().map(|&a| shape::axis(a, r)).collect::<Result<_, _>>()?;
+                let mean = |me: &mut Self, v: ValueId| me.tmp(name, Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keep_dims: true }, vec![v]);
+                let m = mean(self, x)?;
+                let m2 = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![m, m])?;
+                let x2 = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![x, x])?;
+                let ex2 = mean(self, x2)?;
+                let var = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![ex2, m2])?;
+                let sd = self.tmp(name, Op::Unary(UnaryOp::Sqrt), vec![var])?;
+                let eps = self.scalar(&self.fresh(name), 1e-9, self.dtype(&Val::Node(x)))?;
+                let sd = self.tmp(name, Op::Binary(BinaryOp::Add), vec![sd, eps])?;
+                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, m])?;
+                one(self.push(name, Op::Binary(BinaryOp::Div), vec![d, sd])?)
             }
             _ => unsup(format!("op `{op}` is not supported")),
         }
+    }
+
+    /// The index (in f32) of the first (or, with `last`, the last) largest value of `v` along
+    /// `ax`, NaN counting as largest as numpy's argmax has it: m = max(v), then the smallest
+    /// (largest) position where v == m or v is NaN, found as a Max over positions counted so
+    /// that a Max finds it (i for the last, n - 1 - i for the first) and -1 elsewhere.
+    fn arg_max(&mut self, name: &str, v: ValueId, ax: usize, last: bool, keep: bool) -> R<ValueId> {
+        let s = self.shape(&Val::Node(v));
+        let n = s[ax];
+        if n == 0 {
+            return unsup("an arg-max over an empty axis");
+        }
+        let m = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: true }, vec![v])?;
+        let mut hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![v, m])?;
+        if self.dtype(&Val::Node(v)).is_float() {
+            let nan = self.tmp(name, Op::Binary(BinaryOp::Ne), vec![v, v])?;
+            hit = self.tmp(name, Op::Binary(BinaryOp::Max), vec![hit, nan])?;
+        }
+        let hit = self.as_bool(&self.fresh(name), hit)?;
+        let pos: Vec<f64> = (0..n).map(|i| if last { i as f64 } else { (n - 1 - i) as f64 }).collect();
+        let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], pos)))?;
+        let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, s.len() - ax - 1)).collect();
+        let iota = self.reshape(&self.fresh(name), iota, &to)?;
+        let miss = self.scalar(&self.fresh(name), -1.0, DType::F32)?;
+        let cand = self.tmp(name, Op::Where, vec![hit, iota, miss])?;
+        let best = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: keep }, vec![cand])?;
+        if last {
+            return Ok(best);
+        }
+        let top = self.scalar(&self.fresh(name), (n - 1) as f32, DType::F32)?;
+        self.tmp(name, Op::Binary(BinaryOp::Sub), vec![top, best])
+    }
+
+    /// 0, 1, .., n - 1 (f32) along a dim followed by `trailing` dims of 1.
+    pub(super) fn positions(&mut self, name: &str, n: usize, trailing: usize) -> R<ValueId> {
+        let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], (0..n).map(|i| i as f64).collect())))?;
+        let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, trailing)).collect();
+        self.reshape(&self.fresh(name), iota, &to)
     }
 
     /// ONNX Softmax of `x` along `axis` under `opset`'s rule (the last op named `name`):
