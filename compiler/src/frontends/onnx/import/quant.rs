@@ -1,17 +1,22 @@
 //! Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
-//! QLinearMatMul, and the `com.microsoft` forms onnxruntime's quantizer and its session
+//! QLinearMatMul, and the `com.microsoft` ops onnxruntime's quantizers and its session
 //! optimizer write (MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearAdd, QLinearMul,
-//! QLinearSoftmax, QGemm-free QOperator models).
+//! QLinearSoftmax, MatMulNBits).
 //!
 //! kiln has no 8- or 16-bit integer type: a quantized value is an integer held in f32 (exact
 //! up to 2^24), so a QDQ pair on an activation is the elementwise chain
 //! `(clamp(round(x / s) + z) - z) · s` and an integer matmul is an f32 GEMM of integers (exact
 //! while its sums stay below 2^24, as MiniLM's do; past that the f32 rounding is far below the
 //! quantization step). Like onnxruntime, the requantization multiplier of a QLinear op is
-//! `a_scale · b_scale / y_scale` rounded to f32 first. Known operands (weights) fold at import
-//! (`lit.rs`); what onnxruntime computes with lookup tables (QLinearSoftmax) or fixed point
-//! (QLinearAdd/Mul) kiln computes in f32, so results may differ from it by one quantization
-//! step where a value lands on a rounding tie.
+//! `a_scale · b_scale / y_scale` rounded to f32 first, and QLinearAdd/QLinearMul follow its x86
+//! kernels' order of f32 operations. Known operands (weights) fold at import (`lit.rs`).
+//! QLinearSoftmax, which onnxruntime computes with an exp table, is computed with kiln's exp:
+//! it may differ by one quantization step where a value lands on a rounding tie.
+//!
+//! The f64 reference backend rounds what ONNX defines as f32 values (a QuantizeLinear's input
+//! and scale, a DequantizeLinear's output, each step of a requantization) to f32 through
+//! explicit casts, which `simplify` removes for the f32 backends: a discontinuous op (round)
+//! must see the f32 value, or an f64 quotient landing on a tie rounds the other way.
 
 use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::DType;
@@ -50,15 +55,18 @@ fn nbits_weight(b: &Lit, scales: &Lit, zeros: Option<&Lit>, g_idx: Option<&Lit>,
         return Err(format!("MatMulNBits with K = {k}, N = {n}, bits = {bits}, block_size = {block}"));
     }
     let (k, n, bits, block) = (k as usize, n as usize, bits as usize, block as usize);
+    // Every size is checked against the data before anything is allocated: products that
+    // overflow match nothing.
     let blocks = k.div_ceil(block);
-    let blob = (block * bits).div_ceil(8);
-    if b.numel() != n * blocks * blob || !matches!(b.elem, Elem::U8 | Elem::I8) {
+    let blob = block.checked_mul(bits).ok_or("MatMulNBits block_size")?.div_ceil(8);
+    let (n_blocks, packed_zero_row) = (n.checked_mul(blocks), blocks.checked_mul(bits).map(|v| v.div_ceil(8)));
+    if n_blocks.and_then(|v| v.checked_mul(blob)) != Some(b.numel()) || !matches!(b.elem, Elem::U8 | Elem::I8) {
         return Err(format!("MatMulNBits B of {:?} {:?} for N = {n}, {blocks} blocks of {blob} bytes", b.elem, b.shape));
     }
-    if scales.numel() != n * blocks {
+    if n_blocks != Some(scales.numel()) {
         return Err(format!("MatMulNBits scales of shape {:?} for N = {n} and {blocks} blocks", scales.shape));
     }
-    let packed_zero_row = (blocks * bits).div_ceil(8);
+    let packed_zero_row = packed_zero_row.unwrap_or(0);
     let zero_floats = zeros.is_some_and(|z| z.elem.is_float());
     if let Some(z) = zeros {
         let want = if zero_floats { n * blocks } else { n * packed_zero_row };
@@ -180,11 +188,11 @@ impl Importer<'_> {
                 let (sa, sb) = (self.shape(&Val::Node(a)), self.shape(&Val::Node(b)));
                 let a_scale = self.row_scale(name, &cx.iname(1), cx.inp(1)?, &sa)?;
                 let b_scale = self.column_scale(name, &cx.iname(4), cx.inp(4)?, &sb)?;
-                let ab = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![a_scale, b_scale])?;
+                let ab = self.f32_op(name, BinaryOp::Mul, a_scale, b_scale)?;
                 let ys = self.node(&cx.iname(6), &cx.inp(6)?)?;
                 let ys = self.cast_to(name, ys, DType::F32)?;
-                let mult = self.tmp(name, Op::Binary(BinaryOp::Div), vec![ab, ys])?;
-                let v = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![acc, mult])?;
+                let mult = self.f32_op(name, BinaryOp::Div, ab, ys)?;
+                let v = self.f32_op(name, BinaryOp::Mul, acc, mult)?;
                 let zero = self.opt_f32(name, ins.get(7).cloned().flatten(), &cx.iname(7))?;
                 one(self.requantize(name, v, zero, range)?)
             }
