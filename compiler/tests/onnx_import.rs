@@ -568,13 +568,35 @@ fn quantize_linear_rounds_to_even_saturates_and_folds() {
         initializer: vec![tensor("wq", Int8, &[2, 4], vec![], vec![], Some(q)), tensor("ws", Float, &[2, 2], vec![1.0, 10.0, 100.0, 1000.0], vec![], None)],
         ..Default::default()
     };
-    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 21).encode_to_vec());
-    let m = OnnxModel::open(&p, &[]).unwrap();
-    let b = Bucket::new(1, 1);
-    let g = m.graph_for(b).unwrap();
-    let w = m.weights(&g).unwrap();
-    let y = interpret(&g, &w, &[HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap()], b).unwrap();
+    let y = run_graph(dir.path(), g, 21, &[HostTensor::f32(vec![2, 4], vec![0.0; 8]).unwrap()]).unwrap();
     assert_eq!(y[0].to_f32_vec(), [1.0, 2.0, 30.0, 40.0, -100.0, -200.0, -3000.0, -4000.0]);
+}
+
+/// `g` (every dim fixed) written at `opset`, imported and run on the reference backend.
+fn run_graph(dir: &std::path::Path, g: GraphProto, opset: i64, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, Error> {
+    let p = write(dir, &kiln_testkit::onnx_proto::model(g, opset).encode_to_vec());
+    let m = OnnxModel::open(&p, &[])?;
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b)?;
+    let w = m.weights(&g)?;
+    interpret(&g, &w, inputs, b)
+}
+
+/// One Einsum node `e` over inputs x0, x1, .. of the given dims, output `y`.
+fn einsum_graph(eq: &str, inputs: &[Vec<Result<i64, &str>>], out: &[Result<i64, &str>]) -> GraphProto {
+    GraphProto {
+        node: vec![NodeProto {
+            op_type: Some("Einsum".into()),
+            name: Some("e".into()),
+            input: (0..inputs.len()).map(|k| format!("x{k}")).collect(),
+            output: vec!["y".into()],
+            attribute: vec![AttributeProto { name: Some("equation".into()), s: Some(eq.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }],
+            ..Default::default()
+        }],
+        input: inputs.iter().enumerate().map(|(k, d)| vi(&format!("x{k}"), 1, d)).collect(),
+        output: vec![vi("y", 1, out)],
+        ..Default::default()
+    }
 }
 
 /// Einsum against a naive evaluator (every assignment of the letters, summed): batched
@@ -630,26 +652,10 @@ fn einsum_matches_a_naive_evaluation() {
             let prod: f32 = terms.iter().zip(shapes).zip(&xs).map(|((t, s), x)| x[flat(t, s)]).product();
             want[flat(&out_c, &out_shape)] += prod;
         }
-        let g = GraphProto {
-            node: vec![NodeProto {
-                op_type: Some("Einsum".into()),
-                name: Some("e".into()),
-                input: (0..shapes.len()).map(|k| format!("x{k}")).collect(),
-                output: vec!["y".into()],
-                attribute: vec![AttributeProto { name: Some("equation".into()), s: Some(eq.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }],
-                ..Default::default()
-            }],
-            input: shapes.iter().enumerate().map(|(k, s)| vi(&format!("x{k}"), 1, &s.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>())).collect(),
-            output: vec![vi("y", 1, &out_shape.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>())],
-            ..Default::default()
-        };
-        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 17).encode_to_vec());
-        let m = OnnxModel::open(&p, &[]).unwrap();
-        let b = Bucket::new(1, 1);
-        let gr = m.graph_for(b).unwrap();
-        let w = m.weights(&gr).unwrap();
+        let dims = |s: &[usize]| -> Vec<Result<i64, &str>> { s.iter().map(|&d| Ok(d as i64)).collect() };
+        let g = einsum_graph(eq, &shapes.iter().map(|s| dims(s)).collect::<Vec<_>>(), &dims(&out_shape));
         let ins: Vec<HostTensor> = shapes.iter().zip(&xs).map(|(s, x)| HostTensor::f32(s.to_vec(), x.clone()).unwrap()).collect();
-        let y = interpret(&gr, &w, &ins, b).unwrap();
+        let y = run_graph(dir.path(), g, 17, &ins).unwrap();
         assert_eq!(y[0].shape, out_shape, "{eq}");
         assert_eq!(y[0].to_f32_vec(), want, "{eq}");
     }
@@ -660,22 +666,7 @@ fn einsum_matches_a_naive_evaluation() {
 fn malformed_einsum_names_the_node() {
     let dir = tempfile::tempdir().unwrap();
     for eq in ["", "->", "a,b", "ab->c", "abcdefgh...->", "a...b...->", "é->", "ij->ii", "i->j", "ij->i->j", "aa->a", "abc->", "i.j->"] {
-        let g = GraphProto {
-            node: vec![NodeProto {
-                op_type: Some("Einsum".into()),
-                name: Some("e".into()),
-                input: vec!["x".into()],
-                output: vec!["y".into()],
-                attribute: vec![AttributeProto { name: Some("equation".into()), s: Some(eq.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }],
-                ..Default::default()
-            }],
-            input: vec![vi("x", 1, &[Ok(2), Ok(3)])],
-            output: vec![vi("y", 1, &[])],
-            ..Default::default()
-        };
-        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 17).encode_to_vec());
-        let m = OnnxModel::open(&p, &[]).unwrap();
-        let e = m.graph_for(Bucket::new(1, 1)).unwrap_err().to_string();
+        let e = run_graph(dir.path(), einsum_graph(eq, &[vec![Ok(2), Ok(3)]], &[]), 17, &[HostTensor::f32(vec![2, 3], vec![0.0; 6]).unwrap()]).unwrap_err().to_string();
         assert!(e.contains("node `e` (Einsum") && !e.contains('\n'), "{eq:?}: {e}");
     }
 }

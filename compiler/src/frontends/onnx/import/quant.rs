@@ -186,8 +186,8 @@ impl Importer<'_> {
                 let a = self.centered(name, a, ins.get(2).cloned().flatten(), &cx.iname(2))?;
                 let acc = self.integer_matmul(&self.fresh(name), a, b)?;
                 let (sa, sb) = (self.shape(&Val::Node(a)), self.shape(&Val::Node(b)));
-                let a_scale = self.row_scale(name, &cx.iname(1), cx.inp(1)?, &sa)?;
-                let b_scale = self.column_scale(name, &cx.iname(4), cx.inp(4)?, &sb)?;
+                let a_scale = self.operand_scale(name, &cx.iname(1), cx.inp(1)?, &sa, true)?;
+                let b_scale = self.operand_scale(name, &cx.iname(4), cx.inp(4)?, &sb, false)?;
                 let ab = self.f32_op(name, BinaryOp::Mul, a_scale, b_scale)?;
                 let ys = self.node(&cx.iname(6), &cx.inp(6)?)?;
                 let ys = self.cast_to(name, ys, DType::F32)?;
@@ -229,7 +229,7 @@ impl Importer<'_> {
                 };
                 let acc = self.integer_matmul(&self.fresh(name), a, b)?;
                 let sb = self.shape(&Val::Node(b));
-                let b_scale = self.column_scale(name, &iname(bs), inp(bs)?, &sb)?;
+                let b_scale = self.operand_scale(name, &iname(bs), inp(bs)?, &sb, false)?;
                 let mult = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![a_scale, b_scale])?;
                 if !given(ins, bias) {
                     return one(self.push(name, Op::Binary(BinaryOp::Mul), vec![acc, mult])?);
@@ -525,8 +525,9 @@ impl Importer<'_> {
         self.push(out, Op::MatMul { transpose_a: false, transpose_b: false }, vec![a, b])
     }
 
-    /// The left operand's scale: one value, or one per row of a matrix ([M, 1]).
-    fn row_scale(&mut self, name: &str, vname: &str, v: Val, sa: &[usize]) -> R<ValueId> {
+    /// A matmul operand's scale in f32: one value (a scalar), or one per row of the left
+    /// operand, a matrix (`rows`: shaped [M, 1]), or one per column of the right one ([N]).
+    fn operand_scale(&mut self, name: &str, vname: &str, v: Val, operand: &[usize], rows: bool) -> R<ValueId> {
         let id = self.node(vname, &v)?;
         let s = self.shape(&Val::Node(id));
         let n: usize = s.iter().product();
@@ -534,23 +535,13 @@ impl Importer<'_> {
         if n == 1 {
             return self.reshape(&self.fresh(name), id, &[]);
         }
-        if sa.len() != 2 || s != [sa[0]] {
-            return unsup(format!("a left scale of shape {s:?} for an operand of shape {sa:?}"));
+        let fits = s.len() == 1 && if rows { operand.len() == 2 && operand[0] == n } else { operand.last() == Some(&n) };
+        if !fits {
+            let side = if rows { "left" } else { "right" };
+            return unsup(format!("a {side} scale of shape {s:?} for an operand of shape {operand:?}"));
         }
-        self.reshape(&self.fresh(name), id, &[sa[0], 1])
-    }
-
-    /// The right operand's scale: one value, or one per column ([N]).
-    fn column_scale(&mut self, name: &str, vname: &str, v: Val, sb: &[usize]) -> R<ValueId> {
-        let id = self.node(vname, &v)?;
-        let s = self.shape(&Val::Node(id));
-        let n: usize = s.iter().product();
-        let id = self.cast_to(name, id, DType::F32)?;
-        if n == 1 {
-            return self.reshape(&self.fresh(name), id, &[]);
-        }
-        if s.len() != 1 || sb.last() != Some(&n) {
-            return unsup(format!("a right scale of shape {s:?} for an operand of shape {sb:?}"));
+        if rows {
+            return self.reshape(&self.fresh(name), id, &[n, 1]);
         }
         Ok(id)
     }
