@@ -670,3 +670,58 @@ fn malformed_einsum_names_the_node() {
         assert!(e.contains("node `e` (Einsum") && !e.contains('\n'), "{eq:?}: {e}");
     }
 }
+
+/// An `If` whose condition a bucket fixes (here: is the sequence 4 tokens long?) is replaced by
+/// the branch it takes; the branches read outer values (`xf`, produced only for them, and `two`)
+/// and have an initializer of their own. A condition computed at run time names the node.
+#[test]
+fn if_with_a_known_condition_takes_its_branch() {
+    use tensor_proto::DataType::{Float, Int64};
+    let dir = tempfile::tempdir().unwrap();
+    let branch = |nodes: Vec<NodeProto>, init: Vec<TensorProto>| AttributeProto {
+        r#type: Some(5),
+        g: Some(GraphProto { node: nodes, initializer: init, output: vec![vi("y_b", 1, &[])], ..Default::default() }),
+        ..Default::default()
+    };
+    let then_b = branch(vec![node("Add", &["xf", "ten"], &["y_b"], vec![])], vec![tensor("ten", Float, &[], vec![10.0], vec![], None)]);
+    let else_b = branch(vec![node("Mul", &["xf", "two"], &["y_b"], vec![])], vec![]);
+    let model = |cond_from_data: bool| {
+        let (mut t, mut e) = (then_b.clone(), else_b.clone());
+        t.name = Some("then_branch".into());
+        e.name = Some("else_branch".into());
+        let mut nodes = vec![
+            node("Cast", &["input_ids"], &["xf"], vec![int_attr("to", 1)]),
+            node("Shape", &["input_ids"], &["s"], vec![]),
+            node("Gather", &["s", "one"], &["len"], vec![int_attr("axis", 0)]),
+            node("Equal", &["len", "four"], &["c"], vec![]),
+        ];
+        if cond_from_data {
+            nodes.push(node("ReduceSum", &["input_ids"], &["sum"], vec![int_attr("keepdims", 0)]));
+            nodes.push(node("Greater", &["sum", "four"], &["c2"], vec![]));
+        }
+        nodes.push(node("If", &[if cond_from_data { "c2" } else { "c" }], &["y"], vec![t, e]));
+        let g = GraphProto {
+            node: nodes,
+            input: vec![vi("input_ids", 7, &[Err("batch"), Err("sequence")])],
+            output: vec![vi("y", 1, &[Err("batch"), Err("sequence")])],
+            initializer: vec![
+                tensor("one", Int64, &[], vec![], vec![1], None),
+                tensor("four", Int64, &[], vec![], vec![4], None),
+                tensor("two", Float, &[], vec![2.0], vec![], None),
+            ],
+            ..Default::default()
+        };
+        write(dir.path(), &kiln_testkit::onnx_proto::model(g, 17).encode_to_vec())
+    };
+    let m = OnnxModel::open(&model(false), &[]).unwrap();
+    for (seq, want) in [(4usize, [11.0f32, 12.0, 13.0, 14.0].to_vec()), (3, vec![2.0, 4.0, 6.0])] {
+        let b = Bucket::new(1, seq);
+        let g = m.graph_for(b).unwrap();
+        let w = m.weights(&g).unwrap();
+        let ids = HostTensor::i64(vec![1, seq], (1..=seq as i64).collect()).unwrap();
+        assert_eq!(interpret(&g, &w, &[ids], b).unwrap()[0].to_f32_vec(), want, "seq {seq}");
+    }
+    let m = OnnxModel::open(&model(true), &[]).unwrap();
+    let e = m.graph_for(Bucket::new(1, 4)).unwrap_err().to_string();
+    assert!(e.contains("(If, domain `ai.onnx`, opset 17): If on a condition computed at run time") && !e.contains('\n'), "{e}");
+}

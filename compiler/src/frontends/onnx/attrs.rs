@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use super::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto};
+use super::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto};
 
 pub struct Attrs<'a> {
     attrs: &'a [AttributeProto],
@@ -63,6 +63,9 @@ impl<'a> Attrs<'a> {
     }
     pub fn tensor(&self, name: &str) -> Option<&'a TensorProto> {
         self.get_as(name, AttributeType::Tensor).and_then(|a| a.t.as_ref())
+    }
+    pub fn graph(&self, name: &str) -> Option<&'a GraphProto> {
+        self.get_as(name, AttributeType::Graph).and_then(|a| a.g.as_ref())
     }
     pub fn names(&self) -> Vec<&'a str> {
         self.attrs.iter().map(|a| a.name()).collect()

@@ -16,6 +16,7 @@ use crate::ir::GraphExt as _;
 mod activation;
 mod attention;
 mod contrib;
+mod control;
 mod elementwise;
 mod gather;
 mod layout;
@@ -114,10 +115,11 @@ const FAMILIES: [(&[&str], ImportFn); 9] = [
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
-/// type; Constant, ConstantOfShape and Range build literals; Sin, Cos and ReduceProd are
+/// type; Constant, ConstantOfShape and Range build literals; If takes its known branch inline
+/// (`control.rs`); Sin, Cos and ReduceProd are
 /// computed by `lit.rs` where their inputs are known (rotary and relative-position tables are
 /// functions of positions, which a bucket fixes).
-const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "Range", "ReduceProd", "Shape", "Sin", "Size"];
+const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "If", "Range", "ReduceProd", "Shape", "Sin", "Size"];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
 /// `kiln onnx-ops`.
@@ -322,6 +324,9 @@ impl<'m> Importer<'m> {
             }));
         }
         let opset = self.m.opset;
+        if op == "If" && matches!(n.domain(), "" | "ai.onnx") {
+            return self.inline_if(n, &ins, at);
+        }
         let contrib = match n.domain() {
             "" | "ai.onnx" => false,
             "com.microsoft" => true,

@@ -185,6 +185,7 @@ impl OnnxModel {
             if n.output.iter().any(|o| used.contains(o)) {
                 live.push(i);
                 used.extend(n.input.iter().cloned());
+                used.extend(order::subgraph_names(n));
             }
         }
         live.reverse();
@@ -272,6 +273,7 @@ impl OnnxModel {
         let params = |op: &str| -> &'static [usize] {
             match op {
                 "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "Trilu" => &[1],
+                "If" => &[0],
                 "Slice" => &[1, 2, 3, 4],
                 "ConstantOfShape" => &[0],
                 "Range" => &[0, 1, 2],

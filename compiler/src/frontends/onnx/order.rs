@@ -6,17 +6,69 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::proto::NodeProto;
+use super::proto::{GraphProto, NodeProto};
 
-/// Node indices in an order where every input is produced before it is read (`available`:
-/// graph inputs and initializers). Nodes whose inputs never all appear (an undefined name, a
+/// The outer-scope values the subgraphs of `n` (an `If`'s branches, a `Loop`'s body) read: not
+/// listed among its inputs, yet read before it runs.
+pub fn implicit_inputs(n: &NodeProto) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in &n.attribute {
+        for g in a.g.iter().chain(&a.graphs) {
+            subgraph_reads(g, &mut out);
+        }
+    }
+    out
+}
+
+/// The names `g` reads that it does not define itself (its inputs, initializers, node outputs).
+fn subgraph_reads(g: &GraphProto, out: &mut Vec<String>) {
+    let defined: HashSet<&str> = g
+        .input
+        .iter()
+        .map(|i| i.name())
+        .chain(g.initializer.iter().map(|t| t.name()))
+        .chain(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)))
+        .collect();
+    for n in &g.node {
+        for i in n.input.iter().cloned().chain(implicit_inputs(n)) {
+            if !i.is_empty() && !defined.contains(i.as_str()) && !out.contains(&i) {
+                out.push(i);
+            }
+        }
+    }
+    for o in &g.output {
+        if !defined.contains(o.name()) && !out.iter().any(|x| x == o.name()) {
+            out.push(o.name().to_string());
+        }
+    }
+}
+
+/// Every value name read anywhere inside the subgraphs of `n` (for liveness: a value read only
+/// there is still used).
+pub fn subgraph_names(n: &NodeProto) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in &n.attribute {
+        for g in a.g.iter().chain(&a.graphs) {
+            for m in &g.node {
+                out.extend(m.input.iter().chain(&m.output).filter(|x| !x.is_empty()).cloned());
+                out.extend(subgraph_names(m));
+            }
+            out.extend(g.output.iter().map(|o| o.name().to_string()));
+        }
+    }
+    out
+}
+
+/// Node indices in an order where every input (and every outer value a subgraph reads) is
+/// produced before it is read (`available`: graph inputs and initializers). Nodes whose inputs never all appear (an undefined name, a
 /// cycle) follow in file order, so the importer reports the first missing input by name.
 pub fn topological(nodes: &[NodeProto], available: &HashSet<String>) -> Vec<usize> {
     let mut missing = vec![0usize; nodes.len()];
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    let implicit: Vec<Vec<String>> = nodes.iter().map(implicit_inputs).collect();
     for (i, n) in nodes.iter().enumerate() {
         let mut seen = HashSet::new();
-        for inp in n.input.iter().filter(|x| !x.is_empty() && !available.contains(*x)) {
+        for inp in n.input.iter().chain(&implicit[i]).filter(|x| !x.is_empty() && !available.contains(*x)) {
             if seen.insert(inp.as_str()) {
                 missing[i] += 1;
                 readers.entry(inp.as_str()).or_default().push(i);

@@ -25,13 +25,22 @@ impl Importer<'_> {
             "Pad" => {
                 let mut y = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let r = self.shape(&Val::Node(y)).len();
+                let mut run_value = None;
                 let (pads, value, axes) = if opset < 11 {
                     let p = at.ints("pads").or_else(|| at.ints("paddings")).ok_or_else(|| Fail::Invalid("Pad without pads".into()))?;
                     (p, at.float("value", 0.0) as f64, None)
                 } else {
                     let p = cx.lit_of(1, "Pad's pads")?.ints();
                     let v = match ins.get(2).cloned().flatten() {
-                        Some(_) => cx.lit_of(2, "Pad's constant_value")?.floats().first().copied().unwrap_or(0.0),
+                        Some(Val::Lit(l)) => l.floats().first().copied().unwrap_or(0.0),
+                        // A value computed at run time: added to blocks of zeros below.
+                        Some(Val::Node(id)) => {
+                            if self.shape(&Val::Node(id)).iter().product::<usize>() != 1 {
+                                return Err(Fail::Invalid(format!("Pad's constant_value of shape {:?}", self.shape(&Val::Node(id)))));
+                            }
+                            run_value = Some(self.reshape(&self.fresh(name), id, &[])?);
+                            0.0
+                        }
                         None => 0.0,
                     };
                     let a = match ins.get(3).cloned().flatten() {
@@ -88,7 +97,11 @@ impl Importer<'_> {
                             let mut bs = s.clone();
                             bs[ax] = len;
                             let numel = bs.iter().product();
-                            let blk = self.node(&self.fresh(name), &Val::Lit(Lit::of(elem, bs, vec![value; numel])))?;
+                            let mut blk = self.node(&self.fresh(name), &Val::Lit(Lit::of(elem, bs, vec![value; numel])))?;
+                            if let Some(v) = run_value {
+                                let v = self.cast_to(name, v, dt)?;
+                                blk = self.tmp(name, Op::Binary(BinaryOp::Add), vec![blk, v])?;
+                            }
                             parts.push((before, blk));
                         }
                         let mut ins: Vec<ValueId> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
