@@ -172,7 +172,7 @@ impl Importer<'_> {
             | "ReduceLogSumExp" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let dt = self.dtype(&Val::Node(x));
-                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean") {
+                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean" | "ReduceMin") {
                     return unsup(format!("{op} of integers"));
                 }
                 let r = self.shape(&Val::Node(x)).len();
@@ -201,6 +201,13 @@ impl Importer<'_> {
                     "ReduceSum" => one(red(self, name, ReduceOp::Sum, x, keep_dims)?),
                     "ReduceMean" => one(red(self, name, ReduceOp::Mean, x, keep_dims)?),
                     "ReduceMax" => one(red(self, name, ReduceOp::Max, x, keep_dims)?),
+                    "ReduceMin" if !dt.is_float() => {
+                        // Integers: 0 - x (kiln's Neg is a float op).
+                        let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+                        let nx = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![z, x])?;
+                        let m = red(self, &self.fresh(name), ReduceOp::Max, nx, keep_dims)?;
+                        one(self.push(name, Op::Binary(BinaryOp::Sub), vec![z, m])?)
+                    }
                     "ReduceMin" => {
                         let nx = un(self, UnaryOp::Neg, x)?;
                         let m = red(self, &self.fresh(name), ReduceOp::Max, nx, keep_dims)?;
@@ -243,7 +250,14 @@ impl Importer<'_> {
                 let s = self.shape(&Val::Node(x));
                 let ax = shape::axis(at.int("axis", 0), s.len())?;
                 let (keep, last) = (at.int("keepdims", 1) != 0, at.int("select_last_index", 0) != 0);
-                let v = if op == "ArgMin" { self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])? } else { x };
+                let v = match op {
+                    "ArgMin" if self.dtype(&Val::Node(x)).is_float() => self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])?,
+                    "ArgMin" => {
+                        let z = self.scalar(&self.fresh(name), 0.0, self.dtype(&Val::Node(x)))?;
+                        self.tmp(name, Op::Binary(BinaryOp::Sub), vec![z, x])?
+                    }
+                    _ => x,
+                };
                 let best = self.arg_max(name, v, ax, last, keep)?;
                 one(self.push(name, Op::Cast { to: DType::I64 }, vec![best])?)
             }

@@ -151,12 +151,10 @@ impl Importer<'_> {
             "DequantizeLinear" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let xs = self.shape(&Val::Node(x));
-                if at.int("block_size", 0) != 0 {
-                    return unsup("blocked DequantizeLinear of a run-time value");
-                }
                 let axis = at.int("axis", 1);
-                let scale = self.q_param(cx, 1, &xs, axis)?.ok_or_else(|| Fail::Invalid("DequantizeLinear without a scale".into()))?;
-                let zero = self.q_param(cx, 2, &xs, axis)?;
+                let block = at.int("block_size", 0);
+                let scale = self.q_param(cx, 1, &xs, axis, block)?.ok_or_else(|| Fail::Invalid("DequantizeLinear without a scale".into()))?;
+                let zero = self.q_param(cx, 2, &xs, axis, block)?;
                 let xf = self.tmp(name, Op::Cast { to: DType::F32 }, vec![x])?;
                 let y = self.dequantize(&self.fresh(name), xf, scale, zero)?;
                 // An f32 tensor, rounded as such on the f64 reference too (see `requantize`).
@@ -165,13 +163,11 @@ impl Importer<'_> {
             "QuantizeLinear" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let xs = self.shape(&Val::Node(x));
-                if at.int("block_size", 0) != 0 {
-                    return unsup("blocked QuantizeLinear of a run-time value");
-                }
                 let range = out_range(self.elem_at(n, ins, 2), at)?;
                 let axis = at.int("axis", 1);
-                let scale = self.q_param(cx, 1, &xs, axis)?.ok_or_else(|| Fail::Invalid("QuantizeLinear without a scale".into()))?;
-                let zero = self.q_param(cx, 2, &xs, axis)?;
+                let block = at.int("block_size", 0);
+                let scale = self.q_param(cx, 1, &xs, axis, block)?.ok_or_else(|| Fail::Invalid("QuantizeLinear without a scale".into()))?;
+                let zero = self.q_param(cx, 2, &xs, axis, block)?;
                 // The input and the scale as f32 holds them (see `requantize`).
                 let xf = self.tmp(name, Op::Cast { to: DType::F32 }, vec![x])?;
                 let scale = self.tmp(name, Op::Cast { to: DType::F32 }, vec![scale])?;
@@ -429,13 +425,24 @@ impl Importer<'_> {
     }
 
     /// A scale or zero point (input `k`) of (De)QuantizeLinear for an input of shape `xs`:
-    /// one value, or one per slice along `axis` (shaped to broadcast there), in f32.
-    fn q_param(&mut self, cx: &NodeCx, k: usize, xs: &[usize], axis: i64) -> R<Option<ValueId>> {
+    /// one value, one per slice along `axis` (shaped to broadcast there), or, with `block`, one
+    /// per `block` elements along it (repeated to the input's shape by a gather), in f32.
+    fn q_param(&mut self, cx: &NodeCx, k: usize, xs: &[usize], axis: i64, block: i64) -> R<Option<ValueId>> {
         let Some(v) = cx.ins.get(k).cloned().flatten() else { return Ok(None) };
         let mut id = self.node(&cx.iname(k), &v)?;
         let ps = self.shape(&Val::Node(id));
         let n: usize = ps.iter().product();
-        if n != 1 {
+        if block != 0 {
+            let ax = shape::axis(axis, xs.len())?;
+            let b = usize::try_from(block).ok().filter(|&b| b > 0).ok_or_else(|| Fail::Invalid(format!("block_size {block}")))?;
+            let fits = ps.len() == xs.len() && (0..xs.len()).all(|d| ps[d] == if d == ax { xs[d].div_ceil(b) } else { xs[d] });
+            if !fits {
+                return Err(Fail::Invalid(format!("{} parameter of shape {ps:?} for an input of shape {xs:?} in blocks of {b} along axis {ax}", cx.op)));
+            }
+            let ids: Vec<f64> = (0..xs[ax]).map(|i| (i / b) as f64).collect();
+            let ids = self.node(&self.fresh(cx.name), &Val::Lit(Lit::of(Elem::I64, vec![ids.len()], ids)))?;
+            id = self.gather_axis(&self.fresh(cx.name), id, &ps, ax, ids, false)?;
+        } else if n != 1 {
             let axis = shape::axis(axis, xs.len())?;
             if ps.len() != 1 || xs.get(axis) != Some(&n) {
                 return unsup(format!("{} parameter of shape {ps:?} for an input of shape {xs:?}", cx.op));
