@@ -11,7 +11,7 @@ use super::{like_code, one, unsup, Fail, Importer, NodeCx, Val, R};
 pub(super) const OPS: &[&str] = &[
     "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Pow", "Sqrt",
     "Reciprocal", "Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Relu", "Gelu", "Log", "Softplus",
-    "Floor", "Ceil", "Round", "Mod", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
+    "Floor", "Ceil", "Round", "Mod", "BitShift", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
     "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
 ];
 
@@ -214,6 +214,102 @@ impl Importer<'_> {
                 let fix = self.as_bool(&self.fresh(name), fix)?;
                 let up = bin(self, BinaryOp::Add, m, b)?;
                 one(self.push(name, Op::Where, vec![fix, up, m])?)
+            }
+            // Integer shifts as arithmetic on the values (kiln holds integers as i64): left,
+            // x·2^y wrapped to the type's width; right, floor(x / 2^y) (arithmetic for signed
+            // types). A shift that is negative or not below the width gives -1 for a right
+            // shift of a negative x, else 0 (ONNX, opset 28). 2^y is built from y's six low
+            // bits (no float pow). 64-bit results that overflow are not wrapped, and results
+            // past 2^24 are exact only where a backend computes integers in i64 (the reference;
+            // the CPU backend computes them in f32).
+            "BitShift" => {
+                let elem = self.elem_at(n, ins, 0).ok_or_else(|| Fail::Unsupported("BitShift of a value whose integer type is not known at import".into()))?;
+                let (bits, signed) = match elem {
+                    Elem::U8 => (8, false),
+                    Elem::U16 => (16, false),
+                    Elem::U32 => (32, false),
+                    Elem::U64 => (64, false),
+                    Elem::I8 => (8, true),
+                    Elem::I16 => (16, true),
+                    Elem::I32 => (32, true),
+                    Elem::I64 => (64, true),
+                    e => return unsup(format!("BitShift of {e:?}")),
+                };
+                let left = match at.string("direction").as_deref() {
+                    Some("LEFT") => true,
+                    Some("RIGHT") => false,
+                    d => return Err(Fail::Invalid(format!("BitShift direction {d:?}"))),
+                };
+                let (x, y) = (self.node(&cx.iname(0), &cx.inp(0)?)?, self.node(&cx.iname(1), &cx.inp(1)?)?);
+                let (x, y) = (self.cast_to(name, x, DType::I64)?, self.cast_to(name, y, DType::I64)?);
+                let k = |me: &mut Self, v: f64| me.scalar(&me.fresh(name), v as f32, DType::I64);
+                let bin = |me: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| me.tmp(name, Op::Binary(op), vec![a, b]);
+                let (zero, one, two, width) = (k(self, 0.0)?, k(self, 1.0)?, k(self, 2.0)?, k(self, bits as f64)?);
+                // Valid shifts: 0 <= y < bits; the others use y = 0 and are replaced at the end.
+                let neg = bin(self, BinaryOp::Lt, y, zero)?;
+                let wide = bin(self, BinaryOp::Le, width, y)?;
+                let bad = bin(self, BinaryOp::Max, neg, wide)?;
+                let bad = self.as_bool(&self.fresh(name), bad)?;
+                let ys = self.tmp(name, Op::Where, vec![bad, zero, y])?;
+                // p = 2^ys = Π over bit j of ys of (bit ? 2^(2^j) : 1).
+                let mut p = one;
+                let mut rest = ys;
+                for j in 0..6 {
+                    let half = bin(self, BinaryOp::Div, rest, two)?;
+                    let twice = bin(self, BinaryOp::Mul, half, two)?;
+                    let bit = bin(self, BinaryOp::Sub, rest, twice)?;
+                    let bit = self.as_bool(&self.fresh(name), bit)?;
+                    let f = k(self, 2f64.powi(1 << j))?;
+                    let factor = self.tmp(name, Op::Where, vec![bit, f, one])?;
+                    p = bin(self, BinaryOp::Mul, p, factor)?;
+                    rest = half;
+                }
+                let r = if left {
+                    let r = bin(self, BinaryOp::Mul, x, p)?;
+                    if bits == 64 {
+                        r
+                    } else {
+                        // Wrap to the width: ((r + off) mod 2^bits) - off, off = 2^(bits-1) for
+                        // signed types (two's complement), 0 for unsigned; the mod is floored
+                        // (a negative remainder moves up by 2^bits).
+                        let (m, off) = (k(self, 2f64.powi(bits))?, k(self, if signed { 2f64.powi(bits - 1) } else { 0.0 })?);
+                        let t = bin(self, BinaryOp::Add, r, off)?;
+                        let q = bin(self, BinaryOp::Div, t, m)?;
+                        let qm = bin(self, BinaryOp::Mul, q, m)?;
+                        let rem = bin(self, BinaryOp::Sub, t, qm)?;
+                        let below = bin(self, BinaryOp::Lt, rem, zero)?;
+                        let below = self.as_bool(&self.fresh(name), below)?;
+                        let up = bin(self, BinaryOp::Add, rem, m)?;
+                        let rem = self.tmp(name, Op::Where, vec![below, up, rem])?;
+                        let wrapped = bin(self, BinaryOp::Sub, rem, off)?;
+                        // Values in range are kept as they are: the wrap's large intermediates
+                        // are exact in i64 but not where a backend computes integers in f32.
+                        let lo = k(self, if signed { -(2f64.powi(bits - 1)) } else { 0.0 })?;
+                        let hi = k(self, if signed { 2f64.powi(bits - 1) } else { 2f64.powi(bits) })?;
+                        let under = bin(self, BinaryOp::Lt, r, lo)?;
+                        let over = bin(self, BinaryOp::Le, hi, r)?;
+                        let out = bin(self, BinaryOp::Max, under, over)?;
+                        let out = self.as_bool(&self.fresh(name), out)?;
+                        self.tmp(name, Op::Where, vec![out, wrapped, r])?
+                    }
+                } else {
+                    // floor(x / p): the truncated quotient, one less where the remainder is
+                    // negative.
+                    let q = bin(self, BinaryOp::Div, x, p)?;
+                    let qp = bin(self, BinaryOp::Mul, q, p)?;
+                    let rem = bin(self, BinaryOp::Sub, x, qp)?;
+                    let down = bin(self, BinaryOp::Lt, rem, zero)?;
+                    bin(self, BinaryOp::Sub, q, down)?
+                };
+                let fill = if left {
+                    zero
+                } else {
+                    // -1 for a negative x, else 0.
+                    let xneg = bin(self, BinaryOp::Lt, x, zero)?;
+                    bin(self, BinaryOp::Sub, zero, xneg)?
+                };
+                let out = self.tmp(name, Op::Where, vec![bad, fill, r])?;
+                super::one(self.push(name, Op::Cast { to: DType::I64 }, vec![out])?)
             }
             "Sign" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;

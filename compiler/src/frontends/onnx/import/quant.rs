@@ -124,7 +124,7 @@ impl Importer<'_> {
     /// The ONNX element type of the node's input `k`, where it is known: a literal's, or a
     /// graph input's declared type (kiln's own dtype of a computed value holds integers as
     /// i64 or f32, so it cannot tell int8 from uint8).
-    fn elem_at(&self, n: &NodeProto, ins: &[Option<Val>], k: usize) -> Option<Elem> {
+    pub(super) fn elem_at(&self, n: &NodeProto, ins: &[Option<Val>], k: usize) -> Option<Elem> {
         match ins.get(k)?.as_ref()? {
             Val::Lit(l) => Some(l.elem),
             Val::Node(_) => self.m.inputs.iter().find(|i| Some(&i.name) == n.input.get(k)).map(|i| i.elem),
