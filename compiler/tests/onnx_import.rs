@@ -725,3 +725,21 @@ fn if_with_a_known_condition_takes_its_branch() {
     let e = m.graph_for(Bucket::new(1, 4)).unwrap_err().to_string();
     assert!(e.contains("(If, domain `ai.onnx`, opset 17): If on a condition computed at run time") && !e.contains('\n'), "{e}");
 }
+
+/// GatherElements picks along its axis (negative indices count from the end); an index past
+/// the axis is an error, not the element of the next row its flat position would reach.
+#[test]
+fn gather_elements_indices_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = || GraphProto {
+        node: vec![node("GatherElements", &["x", "i"], &["y"], vec![int_attr("axis", 1)])],
+        input: vec![vi("x", 1, &[Ok(2), Ok(3)]), vi("i", 7, &[Ok(2), Ok(2)])],
+        output: vec![vi("y", 1, &[Ok(2), Ok(2)])],
+        ..Default::default()
+    };
+    let x = HostTensor::f32(vec![2, 3], (0..6).map(|v| v as f32).collect()).unwrap();
+    let run = |ids: Vec<i64>| run_graph(dir.path(), g(), 17, &[x.clone(), HostTensor::i64(vec![2, 2], ids).unwrap()]);
+    assert_eq!(run(vec![0, 2, -1, 1]).unwrap()[0].to_f32_vec(), [0.0, 2.0, 5.0, 4.0]);
+    let e = run(vec![0, 3, 1, 1]).unwrap_err().to_string();
+    assert!(e.contains("out of range") && !e.contains('\n'), "{e}");
+}

@@ -31,6 +31,11 @@ impl Importer<'_> {
                 if self.dtype(&Val::Node(idx)) != DType::I64 {
                     return unsup("GatherElements indices that are not integers");
                 }
+                // Flat ids are held exactly below 2^24 (integer math may run in f32).
+                let total: usize = ds.iter().product();
+                if total >= 1 << 24 {
+                    return unsup(format!("GatherElements over {total} elements (flat ids are exact below 2^24)"));
+                }
                 let dst = shape::strides(&ds);
                 let ist = shape::strides(&is);
                 let numel: usize = is.iter().product();
@@ -47,7 +52,14 @@ impl Importer<'_> {
                 let stride = self.scalar(&self.fresh(name), dst[ax] as f32, DType::I64)?;
                 let off = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![idx, stride])?;
                 let flat = self.tmp(name, Op::Binary(BinaryOp::Add), vec![base, off])?;
-                let table = self.reshape(&self.fresh(name), x, &[ds.iter().product(), 1])?;
+                // An index still outside [0, n) after wrapping would land on another element:
+                // it becomes id `total`, past the table, which the Gather reports.
+                let (lo, hi) = (self.tmp(name, Op::Binary(BinaryOp::Lt), vec![idx, zero])?, self.tmp(name, Op::Binary(BinaryOp::Le), vec![len, idx])?);
+                let bad = self.tmp(name, Op::Binary(BinaryOp::Max), vec![lo, hi])?;
+                let bad = self.as_bool(&self.fresh(name), bad)?;
+                let past = self.scalar(&self.fresh(name), total as f32, DType::I64)?;
+                let flat = self.tmp(name, Op::Where, vec![bad, past, flat])?;
+                let table = self.reshape(&self.fresh(name), x, &[total, 1])?;
                 let g = self.tmp(name, Op::Gather, vec![table, flat])?;
                 one(self.reshape(name, g, &is)?)
             }

@@ -161,6 +161,9 @@ impl Importer<'_> {
             return Ok((v, letters));
         }
         let s = self.shape(&Val::Node(v));
+        if s.iter().product::<usize>() >= 1 << 24 {
+            return unsup("an Einsum diagonal of 2^24 elements or more (flat ids are exact below 2^24)");
+        }
         let mut us = Vec::new();
         for &c in &uniq {
             let dims: Vec<usize> = letters.iter().zip(&s).filter(|(l, _)| **l == c).map(|(_, &d)| d).collect();
