@@ -98,6 +98,11 @@ fn one(v: ValueId) -> R<Vec<ValueId>> {
     Ok(vec![v])
 }
 
+/// Whether the node's optional input `k` is given.
+fn given(ins: &[Option<Val>], k: usize) -> bool {
+    ins.get(k).is_some_and(|v| v.is_some())
+}
+
 /// The import function of a node whose op is in its file's `OPS`.
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
@@ -222,8 +227,9 @@ impl<'m> Importer<'m> {
         let elem = Elem::from_code(t.data_type.unwrap_or(0));
         let numel: usize = t.dims.iter().map(|&d| d.max(0) as usize).product();
         let big = numel > WEIGHT_MIN_NUMEL;
-        if elem.is_some_and(|e| e.is_float()) && big {
-            // Read lazily: only if a node uses it (as a weight, or folds it).
+        if elem.is_some_and(|e| e.is_float()) && big && self.m.initializer(name).is_some() {
+            // Read lazily: only if a node uses it (as a weight, or folds it). (An `If` branch's
+            // initializers, which the model does not index, are read now.)
             let shape = t.dims.iter().map(|&d| d.max(0) as usize).collect();
             self.vals.insert(name.to_string(), Val::Lit(Lit { elem: elem.unwrap(), shape, data: super::tensor::LitData::F(vec![]), weight: true }));
             return Ok(());
@@ -410,6 +416,33 @@ impl<'m> Importer<'m> {
         self.cast_to(name, v, dt)
     }
 
+    /// Indices counted from the end where negative (ONNX's rule for an axis of `n`):
+    /// `where(i < 0, i + n, i)`, in the indices' own dtype.
+    fn wrap_negative(&mut self, name: &str, ids: ValueId, n: usize) -> R<ValueId> {
+        let dt = self.dtype(&Val::Node(ids));
+        let z = self.scalar(&self.fresh(name), 0.0, dt)?;
+        let n = self.scalar(&self.fresh(name), n as f32, dt)?;
+        let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![ids, z])?;
+        let neg = self.as_bool(&self.fresh(name), neg)?;
+        let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![ids, n])?;
+        self.tmp(name, Op::Where, vec![neg, up, ids])
+    }
+
+    /// A scalar constant of dtype `dt`.
+    fn k(&mut self, name: &str, v: f32, dt: DType) -> R<ValueId> {
+        self.scalar(&self.fresh(name), v, dt)
+    }
+
+    /// `a op b`, an intermediate node named after `name`.
+    fn bin(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.tmp(name, Op::Binary(op), vec![a, b])
+    }
+
+    /// `op a`, an intermediate node named after `name`.
+    fn un(&mut self, name: &str, op: kiln_runtime::graph::UnaryOp, a: ValueId) -> R<ValueId> {
+        self.tmp(name, Op::Unary(op), vec![a])
+    }
+
     /// ONNX Gather along `ax` of `x` (shape `ds`) by integer ids (any shape): the axis moved to
     /// the front, the rest flattened into a `[ds[ax], rest]` table, one kiln Gather, then the
     /// ids' dims put back at `ax`. `wrap`: negative ids count from the end (ONNX), as
@@ -419,13 +452,7 @@ impl<'m> Importer<'m> {
         let is = self.shape(&Val::Node(ids));
         let mut ids = ids;
         if wrap {
-            let dt = self.dtype(&Val::Node(ids));
-            let z = self.scalar(&self.fresh(name), 0.0, dt)?;
-            let n = self.scalar(&self.fresh(name), ds[ax] as f32, dt)?;
-            let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![ids, z])?;
-            let neg = self.as_bool(&self.fresh(name), neg)?;
-            let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![ids, n])?;
-            ids = self.tmp(name, Op::Where, vec![neg, up, ids])?;
+            ids = self.wrap_negative(name, ids, ds[ax])?;
         }
         let rest: Vec<usize> = ds[..ax].iter().chain(&ds[ax + 1..]).copied().collect();
         let mut t = x;

@@ -160,19 +160,6 @@ impl Importer<'_> {
         one(self.push(name, Op::Cast { to: self.dtype(&Val::Node(y)) }, vec![y])?)
     }
 
-    /// A scalar constant of dtype `dt`.
-    fn k(&mut self, name: &str, v: f32, dt: DType) -> R<ValueId> {
-        self.scalar(&self.fresh(name), v, dt)
-    }
-
-    fn bin(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
-        self.tmp(name, Op::Binary(op), vec![a, b])
-    }
-
-    fn un(&mut self, name: &str, op: UnaryOp, a: ValueId) -> R<ValueId> {
-        self.tmp(name, Op::Unary(op), vec![a])
-    }
-
     /// `x < t ? below : otherwise`, elementwise.
     fn pick_below(&mut self, name: &str, x: ValueId, t: f32, below: ValueId, otherwise: ValueId) -> R<ValueId> {
         let dt = self.dtype(&Val::Node(x));

@@ -9,18 +9,13 @@
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::DType;
 
-use super::{unsup, Attrs, Elem, Fail, Importer, Lit, NodeProto, Val, R};
+use super::{given, unsup, Attrs, Elem, Fail, Importer, Lit, NodeProto, Val, R};
 
 /// The contrib ops kiln imports (for `kiln onnx-ops`).
 pub const CONTRIB: &[&str] = &[
     "Attention", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "FusedMatMul", "Gelu", "MultiHeadAttention", "QuickGelu", "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization",
 ];
-
-/// Whether the node's optional input `k` is given.
-fn given(ins: &[Option<Val>], k: usize) -> bool {
-    ins.get(k).is_some_and(|v| v.is_some())
-}
 
 impl Importer<'_> {
     /// The node's input `k` as a graph value (an error where it is missing).

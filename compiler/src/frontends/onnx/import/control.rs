@@ -6,8 +6,7 @@
 
 use super::super::order;
 use super::super::proto::NodeProto;
-use super::super::tensor::{lit_from_tensor, Lit};
-use super::{unsup, Attrs, Fail, Importer, Val, R, WEIGHT_MIN_NUMEL};
+use super::{unsup, Attrs, Fail, Importer, Val, R};
 
 impl Importer<'_> {
     /// Imports `n`, an `If` of the default domain: binds its outputs.
@@ -27,10 +26,10 @@ impl Importer<'_> {
             return Err(Fail::Invalid(format!("{which} has {} outputs, the If {}", g.output.len(), n.output.len())));
         }
         for t in &g.initializer {
-            let dir = self.m.dir.clone();
-            let mut l: Lit = lit_from_tensor(t, &dir).map_err(|e| Fail::Invalid(format!("{which} initializer `{}`: {e}", t.name())))?;
-            l.weight = l.elem.is_float() && l.numel() > WEIGHT_MIN_NUMEL;
-            self.vals.insert(t.name().to_string(), Val::Lit(l));
+            self.initializer(t.name(), t).map_err(|f| match f {
+                Fail::Invalid(e) => Fail::Invalid(format!("{which} initializer `{}`: {e}", t.name())),
+                f => f,
+            })?;
         }
         let available = self.vals.keys().cloned().collect();
         for i in order::topological(&g.node, &available) {

@@ -185,21 +185,20 @@ impl Importer<'_> {
                 if dt.is_float() && !fmod && opset < 28 {
                     return Err(Fail::Invalid("Mod of floats needs fmod = 1 (before opset 28)".into()));
                 }
-                let bin = |me: &mut Self, op: BinaryOp, x: ValueId, y: ValueId| me.tmp(name, Op::Binary(op), vec![x, y]);
-                let mut q = bin(self, BinaryOp::Div, a, b)?;
+                let mut q = self.bin(name, BinaryOp::Div, a, b)?;
                 if dt.is_float() {
                     let z = self.scalar(&self.fresh(name), 0.0, dt)?;
-                    let neg = bin(self, BinaryOp::Lt, q, z)?;
+                    let neg = self.bin(name, BinaryOp::Lt, q, z)?;
                     let neg = self.as_bool(&self.fresh(name), neg)?;
                     let (up, down) = (self.tmp(name, Op::Unary(UnaryOp::Ceil), vec![q])?, self.tmp(name, Op::Unary(UnaryOp::Floor), vec![q])?);
                     q = self.tmp(name, Op::Where, vec![neg, up, down])?;
                 }
-                let qb = bin(self, BinaryOp::Mul, q, b)?;
-                let mut m = bin(self, BinaryOp::Sub, a, qb)?;
+                let qb = self.bin(name, BinaryOp::Mul, q, b)?;
+                let mut m = self.bin(name, BinaryOp::Sub, a, qb)?;
                 if dt.is_float() {
                     let ab = self.tmp(name, Op::Unary(UnaryOp::Abs), vec![b])?;
                     let inf = self.scalar(&self.fresh(name), f32::INFINITY, dt)?;
-                    let binf = bin(self, BinaryOp::Eq, ab, inf)?;
+                    let binf = self.bin(name, BinaryOp::Eq, ab, inf)?;
                     let binf = self.as_bool(&self.fresh(name), binf)?;
                     m = self.tmp(name, Op::Where, vec![binf, a, m])?;
                 }
@@ -207,12 +206,12 @@ impl Importer<'_> {
                     return one(self.push(name, Op::Cast { to: dt }, vec![m])?);
                 }
                 let z = self.scalar(&self.fresh(name), 0.0, dt)?;
-                let (mneg, bneg) = (bin(self, BinaryOp::Lt, m, z)?, bin(self, BinaryOp::Lt, b, z)?);
-                let differ = bin(self, BinaryOp::Ne, mneg, bneg)?;
-                let nonzero = bin(self, BinaryOp::Ne, m, z)?;
-                let fix = bin(self, BinaryOp::Mul, differ, nonzero)?;
+                let (mneg, bneg) = (self.bin(name, BinaryOp::Lt, m, z)?, self.bin(name, BinaryOp::Lt, b, z)?);
+                let differ = self.bin(name, BinaryOp::Ne, mneg, bneg)?;
+                let nonzero = self.bin(name, BinaryOp::Ne, m, z)?;
+                let fix = self.bin(name, BinaryOp::Mul, differ, nonzero)?;
                 let fix = self.as_bool(&self.fresh(name), fix)?;
-                let up = bin(self, BinaryOp::Add, m, b)?;
+                let up = self.bin(name, BinaryOp::Add, m, b)?;
                 one(self.push(name, Op::Where, vec![fix, up, m])?)
             }
             // Integer shifts as arithmetic on the values (kiln holds integers as i64): left,
@@ -242,30 +241,29 @@ impl Importer<'_> {
                 };
                 let (x, y) = (self.node(&cx.iname(0), &cx.inp(0)?)?, self.node(&cx.iname(1), &cx.inp(1)?)?);
                 let (x, y) = (self.cast_to(name, x, DType::I64)?, self.cast_to(name, y, DType::I64)?);
-                let k = |me: &mut Self, v: f64| me.scalar(&me.fresh(name), v as f32, DType::I64);
-                let bin = |me: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| me.tmp(name, Op::Binary(op), vec![a, b]);
+                let k = |me: &mut Self, v: f64| me.k(name, v as f32, DType::I64);
                 let (zero, one, two, width) = (k(self, 0.0)?, k(self, 1.0)?, k(self, 2.0)?, k(self, bits as f64)?);
                 // Valid shifts: 0 <= y < bits; the others use y = 0 and are replaced at the end.
-                let neg = bin(self, BinaryOp::Lt, y, zero)?;
-                let wide = bin(self, BinaryOp::Le, width, y)?;
-                let bad = bin(self, BinaryOp::Max, neg, wide)?;
+                let neg = self.bin(name, BinaryOp::Lt, y, zero)?;
+                let wide = self.bin(name, BinaryOp::Le, width, y)?;
+                let bad = self.bin(name, BinaryOp::Max, neg, wide)?;
                 let bad = self.as_bool(&self.fresh(name), bad)?;
                 let ys = self.tmp(name, Op::Where, vec![bad, zero, y])?;
                 // p = 2^ys = Π over bit j of ys of (bit ? 2^(2^j) : 1).
                 let mut p = one;
                 let mut rest = ys;
                 for j in 0..6 {
-                    let half = bin(self, BinaryOp::Div, rest, two)?;
-                    let twice = bin(self, BinaryOp::Mul, half, two)?;
-                    let bit = bin(self, BinaryOp::Sub, rest, twice)?;
+                    let half = self.bin(name, BinaryOp::Div, rest, two)?;
+                    let twice = self.bin(name, BinaryOp::Mul, half, two)?;
+                    let bit = self.bin(name, BinaryOp::Sub, rest, twice)?;
                     let bit = self.as_bool(&self.fresh(name), bit)?;
                     let f = k(self, 2f64.powi(1 << j))?;
                     let factor = self.tmp(name, Op::Where, vec![bit, f, one])?;
-                    p = bin(self, BinaryOp::Mul, p, factor)?;
+                    p = self.bin(name, BinaryOp::Mul, p, factor)?;
                     rest = half;
                 }
                 let r = if left {
-                    let r = bin(self, BinaryOp::Mul, x, p)?;
+                    let r = self.bin(name, BinaryOp::Mul, x, p)?;
                     if bits == 64 {
                         r
                     } else {
@@ -273,40 +271,40 @@ impl Importer<'_> {
                         // signed types (two's complement), 0 for unsigned; the mod is floored
                         // (a negative remainder moves up by 2^bits).
                         let (m, off) = (k(self, 2f64.powi(bits))?, k(self, if signed { 2f64.powi(bits - 1) } else { 0.0 })?);
-                        let t = bin(self, BinaryOp::Add, r, off)?;
-                        let q = bin(self, BinaryOp::Div, t, m)?;
-                        let qm = bin(self, BinaryOp::Mul, q, m)?;
-                        let rem = bin(self, BinaryOp::Sub, t, qm)?;
-                        let below = bin(self, BinaryOp::Lt, rem, zero)?;
+                        let t = self.bin(name, BinaryOp::Add, r, off)?;
+                        let q = self.bin(name, BinaryOp::Div, t, m)?;
+                        let qm = self.bin(name, BinaryOp::Mul, q, m)?;
+                        let rem = self.bin(name, BinaryOp::Sub, t, qm)?;
+                        let below = self.bin(name, BinaryOp::Lt, rem, zero)?;
                         let below = self.as_bool(&self.fresh(name), below)?;
-                        let up = bin(self, BinaryOp::Add, rem, m)?;
+                        let up = self.bin(name, BinaryOp::Add, rem, m)?;
                         let rem = self.tmp(name, Op::Where, vec![below, up, rem])?;
-                        let wrapped = bin(self, BinaryOp::Sub, rem, off)?;
+                        let wrapped = self.bin(name, BinaryOp::Sub, rem, off)?;
                         // Values in range are kept as they are: the wrap's large intermediates
                         // are exact in i64 but not where a backend computes integers in f32.
                         let lo = k(self, if signed { -(2f64.powi(bits - 1)) } else { 0.0 })?;
                         let hi = k(self, if signed { 2f64.powi(bits - 1) } else { 2f64.powi(bits) })?;
-                        let under = bin(self, BinaryOp::Lt, r, lo)?;
-                        let over = bin(self, BinaryOp::Le, hi, r)?;
-                        let out = bin(self, BinaryOp::Max, under, over)?;
+                        let under = self.bin(name, BinaryOp::Lt, r, lo)?;
+                        let over = self.bin(name, BinaryOp::Le, hi, r)?;
+                        let out = self.bin(name, BinaryOp::Max, under, over)?;
                         let out = self.as_bool(&self.fresh(name), out)?;
                         self.tmp(name, Op::Where, vec![out, wrapped, r])?
                     }
                 } else {
                     // floor(x / p): the truncated quotient, one less where the remainder is
                     // negative.
-                    let q = bin(self, BinaryOp::Div, x, p)?;
-                    let qp = bin(self, BinaryOp::Mul, q, p)?;
-                    let rem = bin(self, BinaryOp::Sub, x, qp)?;
-                    let down = bin(self, BinaryOp::Lt, rem, zero)?;
-                    bin(self, BinaryOp::Sub, q, down)?
+                    let q = self.bin(name, BinaryOp::Div, x, p)?;
+                    let qp = self.bin(name, BinaryOp::Mul, q, p)?;
+                    let rem = self.bin(name, BinaryOp::Sub, x, qp)?;
+                    let down = self.bin(name, BinaryOp::Lt, rem, zero)?;
+                    self.bin(name, BinaryOp::Sub, q, down)?
                 };
                 let fill = if left {
                     zero
                 } else {
                     // -1 for a negative x, else 0.
-                    let xneg = bin(self, BinaryOp::Lt, x, zero)?;
-                    bin(self, BinaryOp::Sub, zero, xneg)?
+                    let xneg = self.bin(name, BinaryOp::Lt, x, zero)?;
+                    self.bin(name, BinaryOp::Sub, zero, xneg)?
                 };
                 let out = self.tmp(name, Op::Where, vec![bad, fill, r])?;
                 super::one(self.push(name, Op::Cast { to: DType::I64 }, vec![out])?)

@@ -44,11 +44,8 @@ impl Importer<'_> {
                     .collect();
                 let base = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, is.clone(), base)))?;
                 let n = ds[ax];
-                let (zero, len) = (self.scalar(&self.fresh(name), 0.0, DType::I64)?, self.scalar(&self.fresh(name), n as f32, DType::I64)?);
-                let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![idx, zero])?;
-                let neg = self.as_bool(&self.fresh(name), neg)?;
-                let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![idx, len])?;
-                let idx = self.tmp(name, Op::Where, vec![neg, up, idx])?;
+                let idx = self.wrap_negative(name, idx, n)?;
+                let (zero, len) = (self.k(name, 0.0, DType::I64)?, self.k(name, n as f32, DType::I64)?);
                 let stride = self.scalar(&self.fresh(name), dst[ax] as f32, DType::I64)?;
                 let off = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![idx, stride])?;
                 let flat = self.tmp(name, Op::Binary(BinaryOp::Add), vec![base, off])?;
@@ -81,11 +78,7 @@ impl Importer<'_> {
                 let ax = shape::axis(at.int("axis", -1), is.len() + 1)?;
                 let i = self.cast_to(name, idx, DType::I64)?;
                 let i = self.cast_to(name, i, DType::F32)?;
-                let (z, d) = (self.scalar(&self.fresh(name), 0.0, DType::F32)?, self.scalar(&self.fresh(name), depth as f32, DType::F32)?);
-                let neg = self.tmp(name, Op::Binary(BinaryOp::Lt), vec![i, z])?;
-                let neg = self.as_bool(&self.fresh(name), neg)?;
-                let up = self.tmp(name, Op::Binary(BinaryOp::Add), vec![i, d])?;
-                let i = self.tmp(name, Op::Where, vec![neg, up, i])?;
+                let i = self.wrap_negative(name, i, depth)?;
                 let mut us = is.clone();
                 us.insert(ax, 1);
                 let i = self.reshape(&self.fresh(name), i, &us)?;

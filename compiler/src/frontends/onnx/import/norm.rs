@@ -345,9 +345,7 @@ impl Importer<'_> {
         }
         let hit = self.as_bool(&self.fresh(name), hit)?;
         let pos: Vec<f64> = (0..n).map(|i| if last { i as f64 } else { (n - 1 - i) as f64 }).collect();
-        let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], pos)))?;
-        let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, s.len() - ax - 1)).collect();
-        let iota = self.reshape(&self.fresh(name), iota, &to)?;
+        let iota = self.along_axis(name, pos, s.len() - ax - 1)?;
         let miss = self.scalar(&self.fresh(name), -1.0, DType::F32)?;
         let cand = self.tmp(name, Op::Where, vec![hit, iota, miss])?;
         let best = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: keep }, vec![cand])?;
@@ -360,9 +358,16 @@ impl Importer<'_> {
 
     /// 0, 1, .., n - 1 (f32) along a dim followed by `trailing` dims of 1.
     pub(super) fn positions(&mut self, name: &str, n: usize, trailing: usize) -> R<ValueId> {
-        let iota = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], (0..n).map(|i| i as f64).collect())))?;
+        self.along_axis(name, (0..n).map(|i| i as f64).collect(), trailing)
+    }
+
+    /// An f32 vector as a constant along a dim followed by `trailing` dims of 1 (to broadcast
+    /// against a value at that axis).
+    fn along_axis(&mut self, name: &str, values: Vec<f64>, trailing: usize) -> R<ValueId> {
+        let n = values.len();
+        let v = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n], values)))?;
         let to: Vec<usize> = std::iter::once(n).chain(std::iter::repeat_n(1, trailing)).collect();
-        self.reshape(&self.fresh(name), iota, &to)
+        self.reshape(&self.fresh(name), v, &to)
     }
 
     /// ONNX Softmax of `x` along `axis` under `opset`'s rule (the last op named `name`):

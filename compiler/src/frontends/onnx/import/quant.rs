@@ -23,7 +23,7 @@ use kiln_runtime::DType;
 
 use super::super::shape;
 use super::super::tensor::{Elem, Lit, LitData};
-use super::{one, unsup, Attrs, Fail, Importer, NodeCx, NodeProto, Val, R};
+use super::{given, one, unsup, Attrs, Fail, Importer, NodeCx, NodeProto, Val, R};
 
 /// The default-domain ops this file imports.
 pub(super) const OPS: &[&str] = &["DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear"];
@@ -113,11 +113,6 @@ fn nbits_weight(b: &Lit, scales: &Lit, zeros: Option<&Lit>, g_idx: Option<&Lit>,
     let mut l = Lit::of(Elem::F32, vec![k, n], w);
     l.weight = true;
     Ok(l)
-}
-
-/// Whether the node's optional input `k` is given.
-fn given(ins: &[Option<Val>], k: usize) -> bool {
-    ins.get(k).is_some_and(|v| v.is_some())
 }
 
 impl Importer<'_> {
@@ -287,19 +282,13 @@ impl Importer<'_> {
                     let numel = me.shape(&Val::Node(x)).iter().product();
                     let x = me.cast_to(name, x, DType::F32)?;
                     let s = me.per_tensor(name, &iname(k + 1), inp(k + 1)?, op)?;
-                    let z = match me.opt_f32(name, ins.get(k + 2).cloned().flatten(), &iname(k + 2))? {
-                        Some(z) => me.per_tensor(name, &iname(k + 2), Val::Node(z), op)?,
-                        None => me.scalar(&me.fresh(name), 0.0, DType::F32)?,
-                    };
+                    let z = me.zero_scalar(name, ins.get(k + 2).cloned().flatten(), &iname(k + 2), op)?;
                     Ok((x, s, z, numel))
                 };
                 let (a, a_s, a_z, a_n) = operand(self, 0)?;
                 let (b, b_s, b_z, b_n) = operand(self, 3)?;
                 let c_s = self.per_tensor(name, &iname(6), inp(6)?, op)?;
-                let c_z = match self.opt_f32(name, ins.get(7).cloned().flatten(), &iname(7))? {
-                    Some(z) => self.per_tensor(name, &iname(7), Val::Node(z), op)?,
-                    None => self.scalar(&self.fresh(name), 0.0, DType::F32)?,
-                };
+                let c_z = self.zero_scalar(name, ins.get(7).cloned().flatten(), &iname(7), op)?;
                 use BinaryOp::{Add, Div, Mul, Sub};
                 let v = if op == "QLinearAdd" {
                     let ra = self.f32_op(name, Div, a_s, c_s)?;
@@ -355,20 +344,19 @@ impl Importer<'_> {
             return unsup("dynamic quantization of a non-f32 input");
         }
         let all: Vec<usize> = (0..self.shape(&Val::Node(x)).len()).collect();
-        let bin = |s: &mut Self, op: BinaryOp, a: ValueId, b: ValueId| s.tmp(name, Op::Binary(op), vec![a, b]);
         let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
         let hi = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
         let nx = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])?;
         let nlo = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
-        let hi = bin(self, BinaryOp::Max, hi, zero)?;
-        let nlo = bin(self, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
-        let range = bin(self, BinaryOp::Add, hi, nlo)?;
+        let hi = self.bin(name, BinaryOp::Max, hi, zero)?;
+        let nlo = self.bin(name, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
+        let range = self.bin(name, BinaryOp::Add, hi, nlo)?;
         let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
         let fresh = self.fresh(name);
         let scale_name = scale_name.unwrap_or(fresh);
         // Every step an f32 op as onnxruntime's (`f32_op`): the reference backend then meets
         // the same ties (x = 2 with scale 4/255 is 127.49999 in f32, 127.5 in f64).
-        let scale = bin(self, BinaryOp::Div, range, q)?;
+        let scale = self.bin(name, BinaryOp::Div, range, q)?;
         let scale = self.push(&scale_name, Op::Cast { to: DType::F32 }, vec![scale])?;
         let zf = self.f32_op(name, BinaryOp::Div, nlo, scale)?;
         let zp = self.round_u8(name, zf)?;
@@ -458,6 +446,14 @@ impl Importer<'_> {
         let Some(v) = v else { return Ok(None) };
         let id = self.node(vname, &v)?;
         Ok(Some(self.cast_to(name, id, DType::F32)?))
+    }
+
+    /// An optional per-tensor zero point as an f32 scalar (0 where it is not given).
+    fn zero_scalar(&mut self, name: &str, v: Option<Val>, vname: &str, op: &str) -> R<ValueId> {
+        match v {
+            Some(v) => self.per_tensor(name, vname, v, op),
+            None => self.scalar(&self.fresh(name), 0.0, DType::F32),
+        }
     }
 
     /// A per-tensor scale (one value) as an f32 scalar.
