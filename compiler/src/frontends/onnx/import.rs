@@ -15,14 +15,17 @@ use crate::ir::GraphExt as _;
 
 mod activation;
 mod attention;
+mod channel_norm;
 mod contrib;
 mod control;
+mod conv;
 mod elementwise;
 mod gather;
 mod layout;
 mod linalg;
 mod norm;
 mod quant;
+mod resize;
 mod rotary;
 
 /// Whether the importer knows `op` of domain `com.microsoft` (for `kiln onnx-ops`).
@@ -107,7 +110,7 @@ fn given(ins: &[Option<Val>], k: usize) -> bool {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 9] = [
+const FAMILIES: [(&[&str], ImportFn); 12] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -117,6 +120,9 @@ const FAMILIES: [(&[&str], ImportFn); 9] = [
     (rotary::OPS, |im, cx| im.import_rotary(cx)),
     (quant::OPS, |im, cx| im.import_quant(cx)),
     (activation::OPS, |im, cx| im.import_activation(cx)),
+    (conv::OPS, |im, cx| im.import_conv(cx)),
+    (channel_norm::OPS, |im, cx| im.import_channel_norm(cx)),
+    (resize::OPS, |im, cx| im.import_resize(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete

@@ -56,6 +56,13 @@ fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<
     Ok(Lit { elem: x.elem, shape: out_shape, data, weight: x.weight })
 }
 
+/// `x` with its dims permuted (`perm` checked by the caller, as [`shape::perm`] does).
+pub(super) fn transpose(x: &Lit, perm: &[usize]) -> R<Lit> {
+    let st = shape::strides(&x.shape);
+    let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    select(x, out, |o| o.iter().zip(perm).map(|(&i, &p)| i * st[p]).sum())
+}
+
 /// Index of `x` (shape `s`) read at broadcast output coordinates `o`.
 fn bidx(s: &[usize], st: &[usize], o: &[usize]) -> usize {
     let off = o.len() - s.len();
@@ -379,11 +386,7 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
         }
         "Transpose" => {
             let a = x(0)?;
-            let r = a.shape.len();
-            let perm = shape::perm(at.ints("perm").as_deref(), r)?;
-            let st = shape::strides(&a.shape);
-            let out: Vec<usize> = perm.iter().map(|&p| a.shape[p]).collect();
-            one(select(a, out, |o| o.iter().zip(&perm).map(|(&i, &p)| i * st[p]).sum())?)
+            one(transpose(a, &shape::perm(at.ints("perm").as_deref(), a.shape.len())?)?)
         }
         "Concat" => {
             let xs: Vec<&Lit> = ins.iter().flatten().copied().collect();

@@ -279,21 +279,32 @@ impl OnnxModel {
                 "Range" => &[0, 1, 2],
                 "Clip" => &[1, 2],
                 "Pad" | "Resize" => &[1, 2, 3],
+                "Upsample" => &[1],
                 o if o.starts_with("Reduce") => &[1],
+                _ => &[],
+            }
+        };
+        // Float vectors that are parameters: Resize's roi and scales, Upsample's scales.
+        let float_params = |op: &str| -> &'static [usize] {
+            match op {
+                "Resize" => &[1, 2],
+                "Upsample" => &[1],
                 _ => &[],
             }
         };
         self.inputs
             .iter()
             .map(|i| {
-                // Small integer vectors, and scalars of any type (Range's bounds, Clip's limits).
-                let small = (!i.elem.is_float() && i.dims.len() <= 1 && i.dims.iter().all(|d| matches!(d, Ok(n) if *n <= 16)))
-                    || i.dims.is_empty();
+                // Small integer vectors, scalars of any type (Range's bounds, Clip's limits), and
+                // small float vectors read as Resize's scales or roi.
+                let vector = i.dims.len() <= 1 && i.dims.iter().all(|d| matches!(d, Ok(n) if *n <= 16));
+                let small = vector || i.dims.is_empty();
+                let ok = |op: &str, k: usize| if i.elem.is_float() && !i.dims.is_empty() { float_params(op).contains(&k) } else { params(op).contains(&k) };
                 let uses: Vec<bool> = self
                     .graph_proto()
                     .node
                     .iter()
-                    .flat_map(|n| n.input.iter().enumerate().filter(|(_, x)| **x == i.name).map(|(k, _)| params(n.op_type()).contains(&k)))
+                    .flat_map(|n| n.input.iter().enumerate().filter(|(_, x)| **x == i.name).map(|(k, _)| ok(n.op_type(), k)))
                     .collect();
                 small && !uses.is_empty() && uses.iter().all(|&p| p)
             })

@@ -1,5 +1,5 @@
 //! Layout ops: the reshapes (Reshape, Flatten, Squeeze, Unsqueeze), Transpose, Concat, Slice,
-//! Split, Expand, Tile, Pad, Trilu.
+//! Split, Expand, Tile, Pad, Trilu, DepthToSpace and SpaceToDepth.
 
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ValueId};
 use kiln_runtime::DType;
@@ -11,7 +11,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split",
-    "Expand", "Tile", "Pad",
+    "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth",
 ];
 
 impl Importer<'_> {
@@ -131,6 +131,28 @@ impl Importer<'_> {
                 one(self.push(name, Op::Cast { to: dt }, vec![y])?)
             }
             // The upper (or lower) triangle from diagonal k, as Where with a known mask.
+            // Blocks of `b×b` pixels to and from channels: a reshape to 6-D, a transpose, a
+            // reshape. DCR orders the new channels block-major, CRD channel-major.
+            "DepthToSpace" | "SpaceToDepth" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let b = usize::try_from(at.int("blocksize", 0)).ok().filter(|&b| b >= 1).ok_or_else(|| Fail::Invalid("no positive blocksize".into()))?;
+                let mode = at.string("mode").unwrap_or_else(|| "DCR".into());
+                let &[n, c, h, w] = s.as_slice() else {
+                    return Err(Fail::Invalid(format!("{op} of shape {s:?} (it takes [N, C, H, W])")));
+                };
+                let (view, perm, out) = match (op, mode.as_str()) {
+                    ("DepthToSpace", "DCR") if c % (b * b) == 0 => ([n, b, b, c / (b * b), h, w], [0, 3, 4, 1, 5, 2], [n, c / (b * b), h * b, w * b]),
+                    ("DepthToSpace", "CRD") if c % (b * b) == 0 => ([n, c / (b * b), b, b, h, w], [0, 1, 4, 2, 5, 3], [n, c / (b * b), h * b, w * b]),
+                    ("SpaceToDepth", "DCR") if h % b == 0 && w % b == 0 => ([n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], [n, c * b * b, h / b, w / b]),
+                    ("SpaceToDepth", "CRD") if h % b == 0 && w % b == 0 => ([n, c, h / b, b, w / b, b], [0, 1, 3, 5, 2, 4], [n, c * b * b, h / b, w / b]),
+                    (_, "DCR" | "CRD") => return Err(Fail::Invalid(format!("{op} of shape {s:?} with blocksize {b}"))),
+                    (_, m) => return Err(Fail::Invalid(format!("mode `{m}`"))),
+                };
+                let v = self.reshape(&self.fresh(name), x, &view)?;
+                let v = self.tmp(name, Op::Transpose { perm: perm.to_vec() }, vec![v])?;
+                one(self.reshape(name, v, &out)?)
+            }
             "Trilu" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(x));

@@ -1,0 +1,479 @@
+//! Sliding windows over `[N, C, spatial..]` values: Conv, ConvTranspose, MaxPool, AveragePool,
+//! LpPool and the global pools.
+//!
+//! A window op is one kiln Gather (an im2col): the input as rows of channels, `[N·ΠS, C]`, plus
+//! one fill row that padding reads (0, or -inf for MaxPool), picked by constant ids
+//! `[N, ΠO, ΠK]` that [`Window`] computes from the geometry (strides, dilations, pads,
+//! `auto_pad`, `ceil_mode`, ConvTranspose's fractional stride). A Conv is then one GEMM per
+//! group against its weight rearranged at import to `[ΠK·C/G, M/G]`, the bias its epilogue; a
+//! pool is a Reduce over the window axis.
+//!
+//! Why not a direct convolution kernel (onnxruntime's MLAS, TVM's schedules): kiln's IR has no
+//! window op, and as gather + GEMM a Conv runs on every backend (reference, CPU, CUDA) on the
+//! GEMM kernels they already tune. The price is the im2col buffer, ΠK times the input, which
+//! onnxruntime's CPU Conv pays as well for kernels other than 1×1; a 1×1 Conv of stride 1
+//! without pads gathers nothing (its windows are the input's rows).
+
+use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use kiln_runtime::DType;
+
+use super::super::attrs::Attrs;
+use super::super::lit::transpose;
+use super::super::tensor::{Elem, Lit};
+use super::{given, one, unsup, Fail, Importer, NodeCx, Val, R};
+
+/// The ops this file imports.
+pub(super) const OPS: &[&str] = &[
+    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
+];
+
+/// Gather ids are exact in f32 below this (kiln's constants are f32).
+const ID_LIMIT: usize = 1 << 24;
+
+/// Ids of one window op at most (the im2col's rows times taps): past it the op is refused
+/// rather than a constant of gigabytes made.
+const IDS_MAX: usize = 1 << 26;
+
+/// A window op's geometry: for each spatial axis, the input position each (output position,
+/// tap) reads, `None` where it reads padding.
+struct Window {
+    /// Input spatial dims.
+    s: Vec<usize>,
+    /// Kernel (taps) per axis.
+    k: Vec<usize>,
+    /// Output spatial dims.
+    o: Vec<usize>,
+    /// Per axis, `[o · k]`: the input position read by output position `o`, tap `k`.
+    taps: Vec<Vec<Option<usize>>>,
+}
+
+impl Window {
+    /// A Conv's or a pool's: tap `k` of output `o` reads `o·stride + k·dilation - pad_begin`.
+    fn forward(at: &Attrs, s: &[usize], k: &[usize], ceil: bool) -> R<(Window, Vec<usize>, Vec<usize>)> {
+        let d = s.len();
+        let st = per_axis(at, "strides", d)?;
+        let dil = per_axis(at, "dilations", d)?;
+        let eff: Vec<usize> = (0..d).map(|j| (k[j] - 1) * dil[j] + 1).collect();
+        let auto = at.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
+        let (mut pb, mut pe, mut o) = (vec![0; d], vec![0; d], vec![0; d]);
+        match auto.as_str() {
+            "NOTSET" | "VALID" => {
+                if auto == "NOTSET" {
+                    (pb, pe) = pads(at, d)?;
+                }
+                for j in 0..d {
+                    let span = s[j] + pb[j] + pe[j];
+                    if span < eff[j] {
+                        return Err(Fail::Invalid(format!("a window of {} over {} (pads included) along spatial axis {j}", eff[j], span)));
+                    }
+                    let q = span - eff[j];
+                    o[j] = if ceil { q.div_ceil(st[j]) + 1 } else { q / st[j] + 1 };
+                    // The last window starts inside the input or its begin padding.
+                    if ceil && (o[j] - 1) * st[j] >= s[j] + pb[j] {
+                        o[j] -= 1;
+                    }
+                }
+            }
+            "SAME_UPPER" | "SAME_LOWER" => {
+                for j in 0..d {
+                    o[j] = s[j].div_ceil(st[j]);
+                    let total = ((o[j] - 1) * st[j] + eff[j]).saturating_sub(s[j]);
+                    pb[j] = if auto == "SAME_UPPER" { total / 2 } else { total - total / 2 };
+                    pe[j] = total - pb[j];
+                }
+            }
+            a => return Err(Fail::Invalid(format!("auto_pad `{a}`"))),
+        }
+        let taps = (0..d)
+            .map(|j| {
+                let mut t = Vec::with_capacity(o[j] * k[j]);
+                for oo in 0..o[j] {
+                    for kk in 0..k[j] {
+                        let p = (oo * st[j] + kk * dil[j]) as i64 - pb[j] as i64;
+                        t.push((p >= 0 && (p as usize) < s[j]).then_some(p as usize));
+                    }
+                }
+                t
+            })
+            .collect();
+        Ok((Window { s: s.to_vec(), k: k.to_vec(), o, taps }, pb, pe))
+    }
+
+    /// A ConvTranspose's: output `o` gets input `i` through tap `k` where
+    /// `i·stride + k·dilation - pad_begin = o`.
+    fn backward(at: &Attrs, s: &[usize], k: &[usize]) -> R<Window> {
+        let d = s.len();
+        let st = per_axis(at, "strides", d)?;
+        let dil = per_axis(at, "dilations", d)?;
+        let op = match at.ints("output_padding") {
+            Some(v) if v.len() == d && v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
+            Some(v) => return Err(Fail::Invalid(format!("output_padding {v:?} for {d} spatial axes"))),
+            None => vec![0; d],
+        };
+        // The output before any pads: every tap of every input position.
+        let full: Vec<usize> = (0..d).map(|j| st[j] * (s[j] - 1) + op[j] + (k[j] - 1) * dil[j] + 1).collect();
+        let auto = at.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
+        if !matches!(auto.as_str(), "NOTSET" | "VALID" | "SAME_UPPER" | "SAME_LOWER") {
+            return Err(Fail::Invalid(format!("auto_pad `{auto}`")));
+        }
+        let out_shape = at.ints("output_shape").map(|v| if v.len() == d + 2 { v[2..].to_vec() } else { v });
+        // ONNX's split of a total padding (negative where the output is larger than the
+        // input reaches: extra positions at the end): the odd one at the end for SAME_UPPER, at
+        // the begin otherwise, with Python's floor division.
+        let begin = |total: i64| if auto == "SAME_UPPER" { total.div_euclid(2) } else { total - total.div_euclid(2) };
+        let (pb, o): (Vec<i64>, Vec<usize>) = match out_shape {
+            Some(v) if v.len() == d => {
+                let mut pb = vec![0; d];
+                let mut o = vec![0; d];
+                for j in 0..d {
+                    let want = usize::try_from(v[j]).ok().filter(|&w| w > 0 && w <= 2 * full[j] + ID_LIMIT).ok_or_else(|| {
+                        Fail::Invalid(format!("output_shape {v:?} for an input of spatial shape {s:?}"))
+                    })?;
+                    pb[j] = begin(full[j] as i64 - want as i64);
+                    o[j] = want;
+                }
+                (pb, o)
+            }
+            Some(v) => return Err(Fail::Invalid(format!("output_shape {v:?} for {d} spatial axes"))),
+            None if auto.starts_with("SAME") => {
+                let o: Vec<usize> = (0..d).map(|j| s[j] * st[j]).collect();
+                ((0..d).map(|j| begin(full[j] as i64 - o[j] as i64)).collect(), o)
+            }
+            None => {
+                let (pb, pe) = if auto == "NOTSET" { pads(at, d)? } else { (vec![0; d], vec![0; d]) };
+                let mut o = vec![0; d];
+                for j in 0..d {
+                    o[j] = full[j].checked_sub(pb[j] + pe[j]).filter(|&v| v > 0).ok_or_else(|| {
+                        Fail::Invalid(format!("pads {pb:?}/{pe:?} remove the whole output ({full:?})"))
+                    })?;
+                }
+                (pb.iter().map(|&p| p as i64).collect(), o)
+            }
+        };
+        let taps = (0..d)
+            .map(|j| {
+                let mut t = Vec::with_capacity(o[j] * k[j]);
+                for oo in 0..o[j] {
+                    for kk in 0..k[j] {
+                        let num = oo as i64 + pb[j] - (kk * dil[j]) as i64;
+                        let i = num / st[j] as i64;
+                        t.push((num >= 0 && num % st[j] as i64 == 0 && (i as usize) < s[j]).then_some(i as usize));
+                    }
+                }
+                t
+            })
+            .collect();
+        Ok(Window { s: s.to_vec(), k: k.to_vec(), o, taps })
+    }
+
+    fn outputs(&self) -> usize {
+        self.o.iter().product()
+    }
+
+    fn taps_per_output(&self) -> usize {
+        self.k.iter().product()
+    }
+
+    /// The flat input position read by flat output `of`, flat tap `kf` (`None`: padding).
+    fn read(&self, of: usize, kf: usize) -> Option<usize> {
+        let (mut of, mut kf, mut flat, mut stride) = (of, kf, 0, 1);
+        for j in (0..self.s.len()).rev() {
+            let (oo, kk) = (of % self.o[j], kf % self.k[j]);
+            (of, kf) = (of / self.o[j], kf / self.k[j]);
+            flat += self.taps[j][oo * self.k[j] + kk]? * stride;
+            stride *= self.s[j];
+        }
+        Some(flat)
+    }
+
+    /// Whether every output reads its own input position through one tap (a 1×1 window of
+    /// stride 1 without pads).
+    fn is_identity(&self) -> bool {
+        self.o == self.s && self.taps_per_output() == 1 && (0..self.outputs()).all(|i| self.read(i, 0) == Some(i))
+    }
+
+    /// How many taps of each output fall inside `[-before, s + after)` along every axis, for
+    /// a forward window with begin pads `pb` (AveragePool's divisor).
+    fn counts(&self, at: &Attrs, pb: &[usize], lo: &[usize], hi: &[usize]) -> R<Vec<f64>> {
+        let d = self.s.len();
+        let st = per_axis(at, "strides", d)?;
+        let dil = per_axis(at, "dilations", d)?;
+        let per: Vec<Vec<usize>> = (0..d)
+            .map(|j| {
+                (0..self.o[j])
+                    .map(|oo| {
+                        (0..self.k[j])
+                            .filter(|kk| {
+                                let p = (oo * st[j] + kk * dil[j]) as i64 - pb[j] as i64;
+                                p >= -(lo[j] as i64) && p < (self.s[j] + hi[j]) as i64
+                            })
+                            .count()
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok((0..self.outputs())
+            .map(|of| {
+                let (mut of, mut c) = (of, 1usize);
+                for j in (0..d).rev() {
+                    c *= per[j][of % self.o[j]];
+                    of /= self.o[j];
+                }
+                c as f64
+            })
+            .collect())
+    }
+}
+
+/// A per-axis attribute of positive values (1 where absent).
+fn per_axis(at: &Attrs, name: &str, d: usize) -> R<Vec<usize>> {
+    match at.ints(name) {
+        None => Ok(vec![1; d]),
+        Some(v) if v.len() == d && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+        Some(v) => Err(Fail::Invalid(format!("{name} {v:?} for {d} spatial axes"))),
+    }
+}
+
+/// Explicit pads `[begin.., end..]` (zeros where absent).
+fn pads(at: &Attrs, d: usize) -> R<(Vec<usize>, Vec<usize>)> {
+    match at.ints("pads") {
+        None => Ok((vec![0; d], vec![0; d])),
+        Some(v) if v.len() == 2 * d && v.iter().all(|&x| x >= 0) => {
+            let v: Vec<usize> = v.iter().map(|&x| x as usize).collect();
+            Ok((v[..d].to_vec(), v[d..].to_vec()))
+        }
+        Some(v) => Err(Fail::Invalid(format!("pads {v:?} for {d} spatial axes"))),
+    }
+}
+
+/// The kernel of a pool: `kernel_shape`, one positive dim per spatial axis.
+fn pool_kernel(at: &Attrs, d: usize) -> R<Vec<usize>> {
+    match at.ints("kernel_shape") {
+        Some(v) if v.len() == d && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+        Some(v) => Err(Fail::Invalid(format!("kernel_shape {v:?} for {d} spatial axes"))),
+        None => Err(Fail::Invalid("no kernel_shape".into())),
+    }
+}
+
+impl Importer<'_> {
+    /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
+    pub(super) fn import_conv(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
+        let NodeCx { op, name, ins, at, .. } = *cx;
+        let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+        let xs = self.shape(&Val::Node(x));
+        let dt = self.dtype(&Val::Node(x));
+        if xs.len() < 3 {
+            return Err(Fail::Invalid(format!("{op} of a rank-{} input (it takes [N, C, spatial..])", xs.len())));
+        }
+        let (n, c, s) = (xs[0], xs[1], xs[2..].to_vec());
+        let d = s.len();
+        match op {
+            "Conv" | "ConvTranspose" => {
+                if !dt.is_float() {
+                    return unsup(format!("{op} of {dt}"));
+                }
+                let w = cx.inp(1)?;
+                let ws = self.shape(&w);
+                let g = usize::try_from(at.int("group", 1)).ok().filter(|&g| g >= 1).ok_or_else(|| Fail::Invalid(format!("group {}", at.int("group", 1))))?;
+                if ws.len() != xs.len() || ws[2..].contains(&0) {
+                    return Err(Fail::Invalid(format!("weight of shape {ws:?} for an input of shape {xs:?}")));
+                }
+                let k = ws[2..].to_vec();
+                if let Some(ks) = at.ints("kernel_shape") {
+                    if ks.iter().map(|&v| v as usize).ne(k.iter().copied()) {
+                        return Err(Fail::Invalid(format!("kernel_shape {ks:?} and a weight of shape {ws:?}")));
+                    }
+                }
+                // Conv's weight is [M, C/G, K..]; ConvTranspose's [C, M/G, K..].
+                let (cg, mg) = if op == "Conv" { (ws[1], ws[0] / g) } else { (ws[0] / g, ws[1]) };
+                if c != cg * g || (op == "Conv" && !ws[0].is_multiple_of(g)) || (op == "ConvTranspose" && ws[0] != c) {
+                    return Err(Fail::Invalid(format!("weight of shape {ws:?} for {c} input channels in {g} groups")));
+                }
+                let m = mg * g;
+                let win = if op == "Conv" { Window::forward(at, &s, &k, false)?.0 } else { Window::backward(at, &s, &k)? };
+                let rows = self.windows(name, x, &win, n, c, 0.0)?;
+                let pk = win.taps_per_output();
+                // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G].
+                let (view, perm) = if op == "Conv" { ([g, mg, cg, pk], [0, 3, 2, 1]) } else { ([g, cg, mg, pk], [0, 3, 1, 2]) };
+                let wt = self.window_weight(name, &cx.iname(1), &w, view, perm, op)?;
+                let bias = if given(ins, 2) {
+                    let b = self.node(&cx.iname(2), &cx.inp(2)?)?;
+                    Some(self.norm_channel(name, b, m, dt, "bias")?)
+                } else {
+                    None
+                };
+                let y = self.window_gemm(name, rows, wt, bias, n * win.outputs(), pk, g, cg, mg)?;
+                let y = self.reshape(&self.fresh(name), y, &[n, win.outputs(), m])?;
+                one(self.channels_first(name, y, n, m, &win.o)?)
+            }
+            "MaxPool" | "AveragePool" | "LpPool" => {
+                let k = pool_kernel(at, d)?;
+                let ceil = at.int("ceil_mode", 0) != 0;
+                if ceil && at.string("auto_pad").is_some_and(|a| a != "NOTSET") {
+                    return Err(Fail::Invalid("ceil_mode with auto_pad".into()));
+                }
+                let (win, pb, pe) = Window::forward(at, &s, &k, ceil)?;
+                // Integers (MaxPool of uint8) pool in f32: exact below 2^24.
+                let xf = self.cast_to(name, x, if dt.is_float() { dt } else { DType::F32 })?;
+                let fill = if op == "MaxPool" { f32::NEG_INFINITY } else { 0.0 };
+                let rows = self.windows(name, xf, &win, n, c, fill)?;
+                let y = match op {
+                    "MaxPool" => self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![2], keep_dims: false }, vec![rows])?,
+                    "AveragePool" => {
+                        let sum = self.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes: vec![2], keep_dims: false }, vec![rows])?;
+                        let (lo, hi) = if at.int("count_include_pad", 0) != 0 { (pb.clone(), pe) } else { (vec![0; d], vec![0; d]) };
+                        let recip: Vec<f64> = win.counts(at, &pb, &lo, &hi)?.iter().map(|&c| if c > 0.0 { 1.0 / c } else { f64::NAN }).collect();
+                        let r = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![win.outputs(), 1], recip)))?;
+                        let r = self.cast_to(name, r, self.dtype(&Val::Node(sum)))?;
+                        self.bin(name, BinaryOp::Mul, sum, r)?
+                    }
+                    _ => self.lp(name, rows, vec![2], at.int("p", 2), false)?,
+                };
+                let y = self.channels_first(name, y, n, c, &win.o)?;
+                one(self.cast_to(name, y, dt)?)
+            }
+            _ => {
+                // The global pools: one window over every spatial position.
+                let axes: Vec<usize> = (2..xs.len()).collect();
+                let y = match op {
+                    "GlobalMaxPool" | "GlobalAveragePool" => {
+                        let xf = self.cast_to(name, x, if dt.is_float() { dt } else { DType::F32 })?;
+                        let rop = if op == "GlobalMaxPool" { ReduceOp::Max } else { ReduceOp::Mean };
+                        self.tmp(name, Op::Reduce { op: rop, axes, keep_dims: true }, vec![xf])?
+                    }
+                    _ => self.lp(name, x, axes, at.int("p", 2), true)?,
+                };
+                let out: Vec<usize> = [n, c].into_iter().chain(std::iter::repeat_n(1, d)).collect();
+                let y = self.reshape(&self.fresh(name), y, &out)?;
+                one(self.cast_to(name, y, dt)?)
+            }
+        }
+    }
+
+    /// The windows of `x` (`[N, C, spatial..]`) as `[N, ΠO, ΠK, C]`: one Gather from the input's
+    /// channel rows plus a `fill` row for the taps that read padding.
+    fn windows(&mut self, name: &str, x: ValueId, win: &Window, n: usize, c: usize, fill: f32) -> R<ValueId> {
+        let r = win.s.len() + 2;
+        let ps: usize = win.s.iter().product();
+        let (po, pk) = (win.outputs(), win.taps_per_output());
+        let perm: Vec<usize> = std::iter::once(0).chain(2..r).chain(std::iter::once(1)).collect();
+        let t = if c == 1 { x } else { self.tmp(name, Op::Transpose { perm }, vec![x])? };
+        let t = self.reshape(&self.fresh(name), t, &[n * ps, c])?;
+        if win.is_identity() {
+            return self.reshape(&self.fresh(name), t, &[n, po, 1, c]);
+        }
+        let table_rows = n * ps + 1;
+        let ids_len = n.checked_mul(po).and_then(|v| v.checked_mul(pk)).filter(|&v| v <= IDS_MAX);
+        let Some(ids_len) = ids_len.filter(|_| table_rows < ID_LIMIT) else {
+            return unsup(format!("a window op of {n}×{po} outputs × {pk} taps over {ps} positions (kiln gathers at most 2^26 taps from 2^24 rows)"));
+        };
+        let dt = self.dtype(&Val::Node(x));
+        let f = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![fill as f64; c])))?;
+        let f = self.cast_to(name, f, dt)?;
+        let table = self.tmp(name, Op::Concat { axis: 0 }, vec![t, f])?;
+        let mut ids = Vec::with_capacity(ids_len);
+        for b in 0..n {
+            for of in 0..po {
+                for kf in 0..pk {
+                    ids.push(win.read(of, kf).map_or(n * ps, |p| b * ps + p) as i64);
+                }
+            }
+        }
+        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::int(vec![n, po, pk], ids)))?;
+        self.tmp(name, Op::Gather, vec![table, ids])
+    }
+
+    /// A Conv's or ConvTranspose's weight as the GEMM's `[G, ΠK·C/G, M/G]` operand (no `G` dim
+    /// for one group): viewed as `view` and permuted by `perm` to `[G, ΠK, C/G, M/G]`. A known
+    /// weight is rearranged here, once, into a weight of its own (`<weight>.<op>`); one computed
+    /// at run time is rearranged by graph ops.
+    fn window_weight(&mut self, name: &str, wname: &str, w: &Val, view: [usize; 4], perm: [usize; 4], op: &str) -> R<ValueId> {
+        let g = view[0];
+        let to: Vec<usize> = {
+            let p: Vec<usize> = perm.iter().map(|&i| view[i]).collect();
+            let mut t = vec![p[0], p[1] * p[2], p[3]];
+            if g == 1 {
+                t.remove(0);
+            }
+            t
+        };
+        match w {
+            Val::Lit(l) => {
+                let mut l = self.lit(wname, l)?;
+                l.shape = view.to_vec();
+                let mut t = transpose(&l, &perm)?;
+                t.shape = to;
+                self.node(&format!("{wname}.{op}"), &Val::Lit(t))
+            }
+            Val::Node(id) => {
+                let v = self.reshape(&self.fresh(name), *id, &view)?;
+                let v = self.tmp(name, Op::Transpose { perm: perm.to_vec() }, vec![v])?;
+                self.reshape(&self.fresh(name), v, &to)
+            }
+        }
+    }
+
+    /// The windows (`[N, ΠO, ΠK, C]`, `rows` = N·ΠO of them) times the weight, per group, plus
+    /// the bias: `[N·ΠO, M]`.
+    #[allow(clippy::too_many_arguments)]
+    fn window_gemm(&mut self, name: &str, win: ValueId, wt: ValueId, bias: Option<ValueId>, rows: usize, pk: usize, g: usize, cg: usize, mg: usize) -> R<ValueId> {
+        let mm = Op::MatMul { transpose_a: false, transpose_b: false };
+        let mut y = if g == 1 {
+            let a = self.reshape(&self.fresh(name), win, &[rows, pk * cg])?;
+            self.tmp(name, mm, vec![a, wt])?
+        } else {
+            let a = self.reshape(&self.fresh(name), win, &[rows, pk, g, cg])?;
+            let a = self.tmp(name, Op::Transpose { perm: vec![2, 0, 1, 3] }, vec![a])?;
+            let a = self.reshape(&self.fresh(name), a, &[g, rows, pk * cg])?;
+            let y = self.tmp(name, mm, vec![a, wt])?;
+            let y = self.tmp(name, Op::Transpose { perm: vec![1, 0, 2] }, vec![y])?;
+            self.reshape(&self.fresh(name), y, &[rows, g * mg])?
+        };
+        if let Some(b) = bias {
+            y = self.bin(name, BinaryOp::Add, y, b)?;
+        }
+        Ok(y)
+    }
+
+    /// `[N, ΠO, C]` back to ONNX's `[N, C, O..]`, the last node named `name`.
+    fn channels_first(&mut self, name: &str, y: ValueId, n: usize, c: usize, o: &[usize]) -> R<ValueId> {
+        let out: Vec<usize> = [n, c].iter().chain(o).copied().collect();
+        let po: usize = o.iter().product();
+        if po == 1 || c == 1 {
+            return self.reshape(name, y, &out);
+        }
+        let t = self.tmp(name, Op::Transpose { perm: vec![0, 2, 1] }, vec![y])?;
+        self.reshape(name, t, &out)
+    }
+
+    /// `Σ |x|^p` over `axes`, then its p-th root (LpPool, GlobalLpPool).
+    fn lp(&mut self, name: &str, x: ValueId, axes: Vec<usize>, p: i64, keep_dims: bool) -> R<ValueId> {
+        if p < 1 {
+            return Err(Fail::Invalid(format!("p = {p}")));
+        }
+        let dt = self.dtype(&Val::Node(x));
+        let a = self.un(name, UnaryOp::Abs, x)?;
+        let pf = p as f32;
+        let pw = match p {
+            1 => a,
+            2 => self.bin(name, BinaryOp::Mul, a, a)?,
+            _ => {
+                let l = self.un(name, UnaryOp::Log, a)?;
+                let kp = self.k(name, pf, dt)?;
+                let l = self.bin(name, BinaryOp::Mul, l, kp)?;
+                self.un(name, UnaryOp::Exp, l)?
+            }
+        };
+        let s = self.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes, keep_dims }, vec![pw])?;
+        Ok(match p {
+            1 => s,
+            2 => self.un(name, UnaryOp::Sqrt, s)?,
+            _ => {
+                let l = self.un(name, UnaryOp::Log, s)?;
+                let kp = self.k(name, 1.0 / pf, dt)?;
+                let l = self.bin(name, BinaryOp::Mul, l, kp)?;
+                self.un(name, UnaryOp::Exp, l)?
+            }
+        })
+    }
+}
