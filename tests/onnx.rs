@@ -52,7 +52,7 @@ fn onnx_node_conformance_tests() {
         assert_eq!(fail, 0, "{kind:?}: every test kiln runs must pass (see the FAIL lines above)");
         // What runs today (onnx 1.23.2's node tests, 1021): a floor, so a regression that turns
         // passing tests into "unsupported" is caught too.
-        assert!(pass >= 1015, "{kind:?}: only {pass} tests pass");
+        assert!(pass >= 1150, "{kind:?}: only {pass} tests pass");
     }
 }
 
@@ -202,6 +202,24 @@ fn contrib_ops_match_onnxruntime() {
     for kind in [BackendKind::Reference, BackendKind::Cpu] {
         let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&dir), kind).unwrap();
         assert_eq!((pass, fail, unsup), (21, 0, 0), "{kind:?}");
+    }
+}
+
+/// Convolutional models (`scripts/ort_cnn_cases.py`: a ResNet stem and block with batch norms,
+/// MobileNet's depthwise, grouped and dilated convolutions with ceil-mode pooling, a decoder of
+/// transposed convolutions and linear / nearest / cubic resizes with instance norm, 1-D
+/// convolutions with group norm and LpPool, 3-D convolution and pools, a ViT patch embedding,
+/// SpaceToDepth / LRN / DepthToSpace) on the reference and CPU backends against onnxruntime.
+#[test]
+fn cnn_ops_match_onnxruntime() {
+    if !ready("onnx, onnxruntime, numpy") {
+        return;
+    }
+    let dir = root().join("target/ort-cnn");
+    script(&["scripts/ort_cnn_cases.py", dir.to_str().unwrap()]);
+    for kind in [BackendKind::Reference, BackendKind::Cpu] {
+        let (pass, fail, unsup) = onnx_test(std::slice::from_ref(&dir), kind).unwrap();
+        assert_eq!((pass, fail, unsup), (7, 0, 0), "{kind:?}");
     }
 }
 

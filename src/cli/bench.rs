@@ -122,7 +122,7 @@ pub(crate) fn bench_cpu_bucket(
     let ms = bench_runs(be, &mut plan, graph, inputs, b, runs, be.threads())?;
     print_gflops(b, pipeline::compile_report(graph, b)?.matmul_flops as f64, ms, peak);
     if profile {
-        let batch = kiln_runtime::Batch::from_token_ids(inputs, &bench_token_ids(b))?;
+        let batch = bench_batch(graph, inputs, b)?;
         let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
         let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
         let total: f64 = p.iter().map(|x| x.1).sum();
@@ -173,7 +173,7 @@ pub(crate) fn bench_runs<B: Backend>(
     runs: usize,
     threads: usize,
 ) -> Result<f64> {
-    let batch = kiln_runtime::Batch::from_token_ids(inputs, &bench_token_ids(b))?;
+    let batch = bench_batch(graph, inputs, b)?;
     let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
     let warm = std::time::Instant::now();
     let mut warmups = 0;
@@ -196,4 +196,31 @@ pub(crate) fn bench_runs<B: Backend>(
         ms.len()
     );
     Ok(median)
+}
+
+/// What a bench runs: token ids for a token model (every input `[batch, seq]` of integers);
+/// for any other (an image model), each input at the bucket's shape filled with the same
+/// pseudo-random values in [-1, 1) on every run (integers: zeros).
+fn bench_batch(graph: &kiln_runtime::Graph, inputs: &kiln_runtime::Graph, b: Bucket) -> Result<kiln_runtime::Batch> {
+    if inputs.inputs.iter().all(|s| s.shape.len() == 2 && !s.dtype.is_float()) {
+        return kiln_runtime::Batch::from_token_ids(inputs, &bench_token_ids(b));
+    }
+    // xorshift64: the values only need to be the same on every run and machine.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    let tensors = graph
+        .inputs
+        .iter()
+        .map(|s| {
+            let shape: Vec<usize> = s.shape.iter().map(|d| d.resolve(b)).collect();
+            let v: Vec<f64> = (0..shape.iter().product()).map(|_| if s.dtype.is_float() { next() } else { 0.0 }).collect();
+            kiln_runtime::HostTensor::new(shape, kiln_runtime::TensorData::from_f64(s.dtype, &v))
+        })
+        .collect::<Result<_>>()?;
+    Ok(kiln_runtime::Batch { tensors })
 }

@@ -379,7 +379,9 @@ impl Importer<'_> {
                 }
             }
         }
-        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::int(vec![n, po, pk], ids)))?;
+        // i32 ids: half the bytes of i64 to cast from the f32 constant and to read.
+        let ids = Lit { elem: Elem::I32, ..Lit::int(vec![n, po, pk], ids) };
+        let ids = self.node(&self.fresh(name), &Val::Lit(ids))?;
         self.tmp(name, Op::Gather, vec![table, ids])
     }
 

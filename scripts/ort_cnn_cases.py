@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Writes small convolutional models (the window, channel-norm and resize ops a vision export
+carries: a ResNet stem and block, MobileNet's depthwise and grouped convolutions, a decoder with
+transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding) in the
+backend-test layout, with onnxruntime's outputs as the reference:
+OUT/<case>/model.onnx, test_data_set_0/{input,output}_K.pb.
+
+Weights are initializers (most above kiln's 64-element weight threshold, so they take the
+path real models take: rearranged at import into weights of their own).
+
+usage: ort_cnn_cases.py OUT
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(11)
+F = TensorProto.FLOAT
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+class Model:
+    def __init__(self):
+        self.nodes, self.inits, self.k = [], [], 0
+
+    def init(self, a):
+        self.k += 1
+        name = f"w{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(a), name))
+        return name
+
+    def op(self, op, ins, **attrs):
+        self.k += 1
+        out = f"t{self.k}"
+        self.nodes.append(helper.make_node(op, ins, [out], name=f"n{self.k}_{op}", **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k, group=1, bias=True, **attrs):
+        ks = k if isinstance(k, tuple) else (k, k)
+        w = self.init(rand(cout, cin // group, *ks, scale=(2.0 / (cin // group * np.prod(ks))) ** 0.5))
+        ins = [x, w] + ([self.init(rand(cout, scale=0.1))] if bias else [])
+        return self.op("Conv", ins, group=group, **attrs)
+
+    def bn(self, x, c):
+        p = [rand(c, scale=0.2) + 1.0, rand(c, scale=0.1), rand(c, scale=0.1), np.abs(rand(c)) + 0.5]
+        return self.op("BatchNormalization", [x] + [self.init(a) for a in p], epsilon=1e-5)
+
+
+def write(out, name, m, x, y, opset=21):
+    graph = helper.make_graph(
+        m.nodes,
+        name,
+        [helper.make_tensor_value_info("x", F, x.shape)],
+        [helper.make_tensor_value_info(y, F, [])],
+        m.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    d = os.path.join(out, name)
+    os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"x": x})
+    with open(os.path.join(d, "test_data_set_0", "input_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(x, "x").SerializeToString())
+    with open(os.path.join(d, "test_data_set_0", "output_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(got).SerializeToString())
+
+
+def resnet(out):
+    m = Model()
+    t = m.conv("x", 3, 16, 7, strides=[2, 2], pads=[3, 3, 3, 3])
+    t = m.op("Relu", [m.bn(t, 16)])
+    t = m.op("MaxPool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    r = m.op("Relu", [m.bn(m.conv(t, 16, 16, 3, pads=[1, 1, 1, 1], bias=False), 16)])
+    r = m.bn(m.conv(r, 16, 16, 3, pads=[1, 1, 1, 1], bias=False), 16)
+    t = m.op("Relu", [m.op("Add", [t, r])])
+    t = m.conv(t, 16, 32, 1, strides=[2, 2])
+    t = m.op("Flatten", [m.op("GlobalAveragePool", [t])])
+    t = m.op("Gemm", [t, m.init(rand(10, 32, scale=0.2)), m.init(rand(10))], transB=1)
+    write(out, "resnet_block", m, rand(2, 3, 32, 32), t)
+
+
+def mobilenet(out):
+    m = Model()
+    t = m.conv("x", 8, 8, 3, group=8, strides=[2, 2], auto_pad="SAME_UPPER")
+    t = m.op("Clip", [t, m.init(np.float32(0)), m.init(np.float32(6))])
+    t = m.conv(t, 8, 24, 1)
+    t = m.conv(t, 24, 24, 3, group=4, pads=[2, 2, 2, 2], dilations=[2, 2])
+    t = m.op("HardSwish", [t])
+    t = m.op("AveragePool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)
+    t = m.op("GlobalMaxPool", [t])
+    write(out, "mobilenet_block", m, rand(1, 8, 21, 19), t)
+
+
+def decoder(out):
+    m = Model()
+    t = m.op("ConvTranspose", ["x", m.init(rand(16, 8, 4, 4, scale=0.2)), m.init(rand(8))], strides=[2, 2], pads=[1, 1, 1, 1])
+    t = m.op("Relu", [t])
+    t = m.op("ConvTranspose", [t, m.init(rand(8, 4, 3, 3, scale=0.3))], group=2, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    t = m.op("Resize", [t, "", m.init(np.array([1, 1, 1.5, 1.5], np.float32))], mode="linear")
+    t = m.op("Resize", [t, "", "", m.init(np.array([1, 8, 40, 50], np.int64))], mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    t = m.op("Resize", [t, "", m.init(np.array([0.5, 0.75], np.float32))], mode="cubic", axes=[2, 3])
+    t = m.conv(t, 8, 6, 1)
+    t = m.op("InstanceNormalization", [t, m.init(rand(6) + 1.0), m.init(rand(6))])
+    write(out, "decoder", m, rand(1, 16, 5, 6), t)
+
+
+def conv1d(out):
+    m = Model()
+    w = m.init(rand(8, 4, 5, scale=0.3))
+    t = m.op("Conv", ["x", w, m.init(rand(8))], dilations=[2], pads=[4, 4])
+    t = m.op("GroupNormalization", [t, m.init(rand(8) + 1.0), m.init(rand(8))], num_groups=2)
+    t = m.op("Conv", [t, m.init(rand(8, 2, 3, scale=0.3))], group=4, strides=[3], pads=[1, 0])
+    t = m.op("LpPool", [t], kernel_shape=[3], p=3)
+    write(out, "conv1d", m, rand(2, 4, 50), t)
+
+
+def conv3d(out):
+    m = Model()
+    t = m.op("Conv", ["x", m.init(rand(4, 2, 3, 3, 3, scale=0.3)), m.init(rand(4))], pads=[1, 1, 1, 1, 1, 1])
+    t = m.op("MaxPool", [t], kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    t = m.op("AveragePool", [t], kernel_shape=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1], count_include_pad=1)
+    write(out, "conv3d", m, rand(1, 2, 6, 7, 8), t)
+
+
+def vit_patch(out):
+    m = Model()
+    t = m.conv("x", 3, 32, 16, strides=[16, 16])
+    t = m.op("Reshape", [t, m.init(np.array([2, 32, 16], np.int64))])
+    t = m.op("Transpose", [t], perm=[0, 2, 1])
+    t = m.op("LayerNormalization", [t, m.init(rand(32) + 1.0), m.init(rand(32))], axis=-1)
+    write(out, "vit_patch_embed", m, rand(2, 3, 64, 64), t)
+
+
+def pixel_shuffle(out):
+    m = Model()
+    t = m.op("SpaceToDepth", ["x"], blocksize=2)
+    t = m.conv(t, 12, 12, 3, pads=[1, 1, 1, 1])
+    t = m.op("LRN", [t], size=5, alpha=1e-3, beta=0.75, bias=1.0)
+    t = m.op("DepthToSpace", [t], blocksize=2, mode="CRD")
+    write(out, "pixel_shuffle", m, rand(1, 3, 12, 10), t)
+
+
+def main():
+    out = sys.argv[1]
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle):
+        case(out)
+
+
+if __name__ == "__main__":
+    main()
