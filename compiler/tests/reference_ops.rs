@@ -94,12 +94,12 @@ fn binary_symbolic_shapes_and_scalar_constant() {
 #[test]
 fn unary_ops() {
     use UnaryOp::*;
-    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus, Floor, Ceil, Round];
+    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus, Floor, Ceil, Round, Sin, Cos];
     // Every op has its values here, computed independently of `kiln_compiler::ops`.
     assert_eq!(ops.len(), kiln_compiler::ops::unary::ALL.len());
     let g = graph_of(&[&[3]], |g, x| ops.iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
     let out = interpret(&g, &[], &[f32t(&[3], &[1., -1., 4.])], B11).unwrap();
-    let want: [[f64; 3]; 18] = [
+    let want: [[f64; 3]; 20] = [
         // x * Φ(x): Φ(1) = 0.8413447460685429, Φ(4) = 0.9999683287581669
         [0.8413447460685429, -0.15865525393145707, 3.9998733150326676],
         [0.7615941559557649, -0.7615941559557649, 0.999329299739067],
@@ -125,6 +125,9 @@ fn unary_ops() {
         [1., -1., 4.],
         [1., -1., 4.],
         [1., -1., 4.],
+        // Python's math.sin, math.cos
+        [0.8414709848078965, -0.8414709848078965, -0.7568024953079282],
+        [0.5403023058681398, 0.5403023058681398, -0.6536436208636119],
     ];
     for (k, w) in want.iter().enumerate() {
         let got = out[k].data.to_f64_vec();
@@ -712,6 +715,43 @@ fn rounding_ops_match_std() {
             let want = f(x as f64);
             let same = if want.is_nan() { got[i].is_nan() } else { got[i].to_bits() == want.to_bits() };
             assert!(same, "{op:?}({x}) = {}, want {want}", got[i]);
+        }
+    }
+}
+
+/// kiln's sin/cos against libm's on the reference interpreter (f64) and the CPU backend (f32,
+/// vector and scalar lanes): |x| up to 2^16 (rotary angles), points next to multiples of π/2,
+/// ±0; NaN past 2^22.
+#[test]
+fn sin_cos_match_std() {
+    use kiln_compiler::backends::cpu::CpuBackend;
+    use UnaryOp::*;
+    let mut xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 32.768).collect();
+    for k in -40..40 {
+        let q = k as f64 * std::f64::consts::FRAC_PI_2;
+        xs.extend([q as f32, (q + 1e-4) as f32, (q - 1e-4) as f32]);
+    }
+    xs.extend([0.0, -0.0, 1e-30, -1e-30, 0.5, -3.0, 65536.0, -65536.0, 5e6, -5e6]);
+    let g = graph_of(&[&[xs.len()]], |g, x| [Sin, Cos].iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
+    let input = f32t(&[xs.len()], &xs);
+    let reference = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
+    let be = CpuBackend::new().unwrap();
+    let w = be.upload(&[], &g).unwrap();
+    let mut plan = be.lower(&w, &g, B11).unwrap();
+    let mut cpu = Outputs::for_bucket(&g, B11);
+    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    for (k, f) in [f64::sin as fn(f64) -> f64, f64::cos].into_iter().enumerate() {
+        for (who, out, tol) in [("reference", &reference[k], 3e-7), ("cpu", &cpu.tensors[k], 2e-6)] {
+            let got = out.data.to_f64_vec();
+            for (i, &x) in xs.iter().enumerate() {
+                let want = f(x as f64);
+                let ok = if x.abs() > 4194304.0 { got[i].is_nan() } else { (got[i] - want).abs() <= tol };
+                assert!(ok, "{who}: {:?}({x}) = {}, want {want}", [Sin, Cos][k], got[i]);
+            }
+            if k == 0 {
+                let at = xs.iter().position(|x| x.to_bits() == (-0.0f32).to_bits()).unwrap();
+                assert_eq!(got[at].to_bits(), (-0.0f64).to_bits(), "{who}: sin(-0) keeps the sign");
+            }
         }
     }
 }

@@ -131,6 +131,11 @@ pub enum UnaryOp {
     Ceil,
     /// The nearest integer, ties to even (ONNX `Round`: round(2.5) = 2, round(-0.4) = -0).
     Round,
+    /// Sine and cosine (radians): a quadrant reduction and minimax polynomials, accurate to
+    /// about 1e-6 absolute for |x| below 2^16 (rotary embeddings of run-time positions); NaN
+    /// past 2^22, where an f32 reduction has no meaning left.
+    Sin,
+    Cos,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use kiln_runtime::graph::UnaryOp;
 use super::Prims;
 
 /// Every unary op, for tests and random graphs.
-pub const ALL: [UnaryOp; 18] = [
+pub const ALL: [UnaryOp; 20] = [
     UnaryOp::Gelu,
     UnaryOp::Tanh,
     UnaryOp::Relu,
@@ -25,6 +25,8 @@ pub const ALL: [UnaryOp; 18] = [
     UnaryOp::Floor,
     UnaryOp::Ceil,
     UnaryOp::Round,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
 ];
 
 /// The inputs on which random tests exercise an op with finite, well-conditioned results.
@@ -63,6 +65,72 @@ fn floor<P: Prims>(p: &mut P, x: P::V) -> P::V {
     let one = p.c(1.0);
     let t1 = p.sub(t, one);
     p.select(below, t1, t)
+}
+
+/// sin(x) (`cos`: false) or cos(x): x = k·π/2 + r with |r| ≤ π/4 (k = floor(x·2/π + ½), r
+/// by Cody–Waite's three-part π/2, each step one FMA), then the sine or cosine polynomial of
+/// r (Cephes' `sinf`/`cosf` coefficients) chosen and signed by the quadrant k mod 4 (cos is
+/// sin one quadrant on). NaN, ±inf and |x| > 2^22 give NaN, sin(-0) = -0.
+fn sin_cos<P: Prims>(p: &mut P, x: P::V, cos: bool) -> P::V {
+    let two_over_pi = p.c(std::f64::consts::FRAC_2_PI);
+    let half = p.c(0.5);
+    let t = p.fma(x, two_over_pi, half);
+    let k = floor(p, t);
+    let mut r = x;
+    for part in [-1.5703125, -4.837_512_969_970_703e-4, -7.549789954891882e-8] {
+        let c = p.c(part);
+        r = p.fma(k, c, r);
+    }
+    let r2 = p.mul(r, r);
+    // sin r = r·(1 + r²·(s1 + r²·(s2 + r²·s3))); cos r = 1 - r²/2 + r⁴·(c1 + r²·(c2 + r²·c3)).
+    let poly = |p: &mut P, cs: [f64; 3]| {
+        let mut acc = p.c(cs[2]);
+        for &c in cs[..2].iter().rev() {
+            let c = p.c(c);
+            acc = p.fma(acc, r2, c);
+        }
+        acc
+    };
+    let ps = poly(p, [-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4]);
+    // r·(1 + r²·ps) rather than r + r³·ps: the product keeps the sign of r = -0.
+    let one = p.c(1.0);
+    let sf = p.fma(ps, r2, one);
+    let s = p.mul(r, sf);
+    let pc = poly(p, [4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5]);
+    let r4 = p.mul(r2, r2);
+    let mhalf = p.c(-0.5);
+    let one = p.c(1.0);
+    let c0 = p.fma(r2, mhalf, one);
+    let c = p.fma(pc, r4, c0);
+    // The quadrant q = (k + [cos]) mod 4, exact while |k| < 2^24.
+    let kq = if cos {
+        let one = p.c(1.0);
+        p.add(k, one)
+    } else {
+        k
+    };
+    let quarter = p.c(0.25);
+    let kq4 = p.mul(kq, quarter);
+    let f = floor(p, kq4);
+    let m4 = p.c(-4.0);
+    let q = p.fma(f, m4, kq);
+    // q in {0, 1, 2, 3}: sin r, cos r, -sin r, -cos r.
+    let (ns, nc) = (p.neg(s), p.neg(c));
+    let [q0, q1, q2] = [0.5, 1.5, 2.5].map(|b| {
+        let b = p.c(b);
+        p.lt(q, b)
+    });
+    let hi = p.select(q2, ns, nc);
+    let mid = p.select(q1, c, hi);
+    let v = p.select(q0, s, mid);
+    // Past 2^22 the reduction is no longer exact in f32 and f32 and f64 would disagree: NaN,
+    // the same on every backend, rather than a value of no meaning.
+    let nx = p.neg(x);
+    let ax = p.max(x, nx);
+    let limit = p.c(4194304.0);
+    let big = p.lt(limit, ax);
+    let nan = p.c(f64::NAN);
+    p.select(big, nan, v)
 }
 
 /// `op(x)`.
@@ -184,5 +252,7 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let one = p.c(1.0);
             p.div(one, x)
         }
+        UnaryOp::Sin => sin_cos(p, x, false),
+        UnaryOp::Cos => sin_cos(p, x, true),
     }
 }

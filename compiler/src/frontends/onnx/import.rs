@@ -127,10 +127,10 @@ const FAMILIES: [(&[&str], ImportFn); 12] = [
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
 /// type; Constant, ConstantOfShape and Range build literals; If takes its known branch inline
-/// (`control.rs`); Sin, Cos and ReduceProd are
-/// computed by `lit.rs` where their inputs are known (rotary and relative-position tables are
-/// functions of positions, which a bucket fixes).
-const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "Cos", "If", "Range", "ReduceProd", "Shape", "Sin", "Size"];
+/// (`control.rs`); ReduceProd is computed by `lit.rs` where its input is known (as Sin and Cos
+/// are, with f64's libm, where theirs is: rotary and relative-position tables of positions that a
+/// bucket fixes; of run-time values they are kiln's `sin`/`cos`).
+const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "If", "Range", "ReduceProd", "Shape", "Size"];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
 /// `kiln onnx-ops`.

@@ -222,8 +222,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 "Round" => Some(UnaryOp::Round),
                 _ => None,
             };
-            // Sin and Cos only fold (rotary tables are functions of positions, which a bucket
-            // fixes); they are not kiln ops.
+            // Known Sin and Cos fold with f64's libm (rotary tables of the positions a bucket
+            // fixes, exact to the last bit of f32); kiln's `sin`/`cos` are for run-time values.
             one(zip_map(&[a], a.elem, |f, _| match (u, op) {
                 (Some(u), _) => eval::unary::<f64>(u, f[0]),
                 (None, "Sin") => f[0].sin(),

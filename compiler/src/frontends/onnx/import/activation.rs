@@ -1,5 +1,6 @@
 //! The parametric and piecewise activations (LeakyRelu, PRelu, Elu, Selu, Celu, HardSigmoid,
-//! HardSwish, Softsign, ThresholdedRelu, Shrink, Mish, Swish), IsInf and Mean, each written
+//! HardSwish, Softsign, ThresholdedRelu, Shrink, Mish, Swish), IsInf, Mean, Tan and the
+//! hyperbolic functions (Sinh, Cosh, Asinh, Acosh, Atanh, from exp, log and sqrt), each written
 //! over kiln's elementwise ops as ONNX defines it (comparisons pick the branch with `Where`),
 //! so the elementwise fusion takes them like any other chain. The plain activations kiln has
 //! ops for (Relu, Sigmoid, Tanh, Gelu, Softplus, ...) are in `elementwise.rs`.
@@ -12,7 +13,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Celu", "Elu", "HardSigmoid", "HardSwish", "IsInf", "LeakyRelu", "Mean", "Mish", "PRelu", "Selu", "Shrink", "Softsign", "Swish",
-    "ThresholdedRelu",
+    "ThresholdedRelu", "Tan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
 ];
 
 impl Importer<'_> {
@@ -79,6 +80,47 @@ impl Importer<'_> {
                 } else {
                     h
                 }
+            }
+            "Tan" => {
+                let s = self.un(name, UnaryOp::Sin, x)?;
+                let c = self.un(name, UnaryOp::Cos, x)?;
+                self.bin(name, Div, s, c)?
+            }
+            // (e^x ∓ e^-x) / 2.
+            "Sinh" | "Cosh" => {
+                let e = self.un(name, UnaryOp::Exp, x)?;
+                let nx = self.un(name, UnaryOp::Neg, x)?;
+                let en = self.un(name, UnaryOp::Exp, nx)?;
+                let d = self.bin(name, if op == "Sinh" { Sub } else { Add }, e, en)?;
+                let half = self.k(name, 0.5, dt)?;
+                self.bin(name, Mul, d, half)?
+            }
+            // asinh: sign(x)·log(|x| + √(x² + 1)) (odd, so no cancellation for x < 0);
+            // acosh: log(x + √(x² - 1)).
+            "Asinh" | "Acosh" => {
+                let a = if op == "Asinh" { self.un(name, UnaryOp::Abs, x)? } else { x };
+                let x2 = self.bin(name, Mul, a, a)?;
+                let one = self.k(name, if op == "Asinh" { 1.0 } else { -1.0 }, dt)?;
+                let r = self.bin(name, Add, x2, one)?;
+                let r = self.un(name, UnaryOp::Sqrt, r)?;
+                let s = self.bin(name, Add, a, r)?;
+                let l = self.un(name, UnaryOp::Log, s)?;
+                if op == "Asinh" {
+                    let nl = self.un(name, UnaryOp::Neg, l)?;
+                    self.pick_below(name, x, 0.0, nl, l)?
+                } else {
+                    l
+                }
+            }
+            // ½·log((1 + x) / (1 - x)).
+            "Atanh" => {
+                let one = self.k(name, 1.0, dt)?;
+                let p = self.bin(name, Add, one, x)?;
+                let m = self.bin(name, Sub, one, x)?;
+                let q = self.bin(name, Div, p, m)?;
+                let l = self.un(name, UnaryOp::Log, q)?;
+                let half = self.k(name, 0.5, dt)?;
+                self.bin(name, Mul, l, half)?
             }
             // x / (1 + |x|).
             "Softsign" => {

@@ -116,6 +116,9 @@ impl Importer<'_> {
             _ => {
                 let size = usize::try_from(at.int("size", 0)).ok().filter(|&s| s >= 1).ok_or_else(|| Fail::Invalid("LRN without a positive size".into()))?;
                 let (alpha, beta, bias) = (at.float("alpha", 1e-4), at.float("beta", 0.75), at.float("bias", 1.0));
+                if c > 1 << 13 {
+                    return unsup(format!("LRN over {c} channels (its [C, C] band matrix; kiln takes at most 8192)"));
+                }
                 let (lo, hi) = ((size - 1) / 2, (size - 1).div_ceil(2));
                 let band: Vec<f64> = (0..c * c).map(|i| {
                     let (r, k) = (i / c, i % c);

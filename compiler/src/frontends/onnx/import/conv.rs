@@ -53,7 +53,7 @@ impl Window {
         let d = s.len();
         let st = per_axis(at, "strides", d)?;
         let dil = per_axis(at, "dilations", d)?;
-        let eff: Vec<usize> = (0..d).map(|j| (k[j] - 1) * dil[j] + 1).collect();
+        let eff: Vec<usize> = (0..d).map(|j| span(k[j], dil[j], 0, 0)).collect::<R<_>>()?;
         let auto = at.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         let (mut pb, mut pe, mut o) = (vec![0; d], vec![0; d], vec![0; d]);
         match auto.as_str() {
@@ -84,18 +84,10 @@ impl Window {
             }
             a => return Err(Fail::Invalid(format!("auto_pad `{a}`"))),
         }
-        let taps = (0..d)
-            .map(|j| {
-                let mut t = Vec::with_capacity(o[j] * k[j]);
-                for oo in 0..o[j] {
-                    for kk in 0..k[j] {
-                        let p = (oo * st[j] + kk * dil[j]) as i64 - pb[j] as i64;
-                        t.push((p >= 0 && (p as usize) < s[j]).then_some(p as usize));
-                    }
-                }
-                t
-            })
-            .collect();
+        let taps = taps(&o, k, |j, oo, kk| {
+            let p = (oo * st[j] + kk * dil[j]) as i64 - pb[j] as i64;
+            (p >= 0 && (p as usize) < s[j]).then_some(p as usize)
+        })?;
         Ok((Window { s: s.to_vec(), k: k.to_vec(), o, taps }, pb, pe))
     }
 
@@ -106,12 +98,12 @@ impl Window {
         let st = per_axis(at, "strides", d)?;
         let dil = per_axis(at, "dilations", d)?;
         let op = match at.ints("output_padding") {
-            Some(v) if v.len() == d && v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
+            Some(v) if v.len() == d && v.iter().all(|&p| (0..=ID_LIMIT as i64).contains(&p)) => v.iter().map(|&p| p as usize).collect(),
             Some(v) => return Err(Fail::Invalid(format!("output_padding {v:?} for {d} spatial axes"))),
             None => vec![0; d],
         };
         // The output before any pads: every tap of every input position.
-        let full: Vec<usize> = (0..d).map(|j| st[j] * (s[j] - 1) + op[j] + (k[j] - 1) * dil[j] + 1).collect();
+        let full: Vec<usize> = (0..d).map(|j| span(k[j], dil[j], st[j] * (s[j] - 1), op[j])).collect::<R<_>>()?;
         let auto = at.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
         if !matches!(auto.as_str(), "NOTSET" | "VALID" | "SAME_UPPER" | "SAME_LOWER") {
             return Err(Fail::Invalid(format!("auto_pad `{auto}`")));
@@ -126,7 +118,7 @@ impl Window {
                 let mut pb = vec![0; d];
                 let mut o = vec![0; d];
                 for j in 0..d {
-                    let want = usize::try_from(v[j]).ok().filter(|&w| w > 0 && w <= 2 * full[j] + ID_LIMIT).ok_or_else(|| {
+                    let want = usize::try_from(v[j]).ok().filter(|&w| w > 0 && w <= ID_LIMIT).ok_or_else(|| {
                         Fail::Invalid(format!("output_shape {v:?} for an input of spatial shape {s:?}"))
                     })?;
                     pb[j] = begin(full[j] as i64 - want as i64);
@@ -150,19 +142,11 @@ impl Window {
                 (pb.iter().map(|&p| p as i64).collect(), o)
             }
         };
-        let taps = (0..d)
-            .map(|j| {
-                let mut t = Vec::with_capacity(o[j] * k[j]);
-                for oo in 0..o[j] {
-                    for kk in 0..k[j] {
-                        let num = oo as i64 + pb[j] - (kk * dil[j]) as i64;
-                        let i = num / st[j] as i64;
-                        t.push((num >= 0 && num % st[j] as i64 == 0 && (i as usize) < s[j]).then_some(i as usize));
-                    }
-                }
-                t
-            })
-            .collect();
+        let taps = taps(&o, k, |j, oo, kk| {
+            let num = oo as i64 + pb[j] - (kk * dil[j]) as i64;
+            let i = num / st[j] as i64;
+            (num >= 0 && num % st[j] as i64 == 0 && (i as usize) < s[j]).then_some(i as usize)
+        })?;
         Ok(Window { s: s.to_vec(), k: k.to_vec(), o, taps })
     }
 
@@ -225,11 +209,35 @@ impl Window {
     }
 }
 
-/// A per-axis attribute of positive values (1 where absent).
+/// Per axis `j`, `read(j, o, k)` for every output position `o` and tap `k` (`[o · k]`),
+/// refused past [`IDS_MAX`] per axis before anything is allocated.
+fn taps(o: &[usize], k: &[usize], read: impl Fn(usize, usize, usize) -> Option<usize>) -> R<Vec<Vec<Option<usize>>>> {
+    (0..o.len())
+        .map(|j| {
+            if o[j].checked_mul(k[j]).is_none_or(|n| n > IDS_MAX) {
+                return unsup(format!("a window op of {} outputs × {} taps along one axis (kiln gathers at most 2^26 taps)", o[j], k[j]));
+            }
+            Ok((0..o[j]).flat_map(|oo| (0..k[j]).map(move |kk| (oo, kk))).map(|(oo, kk)| read(j, oo, kk)).collect())
+        })
+        .collect()
+}
+
+/// `(k - 1)·dilation + 1 + before + extra`, the extent of a window (plus what precedes it),
+/// refused past [`ID_LIMIT`] (nothing kiln gathers is that long; the attributes are absurd).
+fn span(k: usize, dil: usize, before: usize, extra: usize) -> R<usize> {
+    (k - 1)
+        .checked_mul(dil)
+        .and_then(|v| v.checked_add(1 + extra))
+        .and_then(|v| v.checked_add(before))
+        .filter(|&v| v <= ID_LIMIT)
+        .ok_or_else(|| Fail::Invalid(format!("a window of {k} taps, dilation {dil}, over more than 2^24 positions")))
+}
+
+/// A per-axis attribute of positive values (1 where absent), at most 2^24.
 fn per_axis(at: &Attrs, name: &str, d: usize) -> R<Vec<usize>> {
     match at.ints(name) {
         None => Ok(vec![1; d]),
-        Some(v) if v.len() == d && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+        Some(v) if v.len() == d && v.iter().all(|&x| (1..=ID_LIMIT as i64).contains(&x)) => Ok(v.iter().map(|&x| x as usize).collect()),
         Some(v) => Err(Fail::Invalid(format!("{name} {v:?} for {d} spatial axes"))),
     }
 }
@@ -238,7 +246,7 @@ fn per_axis(at: &Attrs, name: &str, d: usize) -> R<Vec<usize>> {
 fn pads(at: &Attrs, d: usize) -> R<(Vec<usize>, Vec<usize>)> {
     match at.ints("pads") {
         None => Ok((vec![0; d], vec![0; d])),
-        Some(v) if v.len() == 2 * d && v.iter().all(|&x| x >= 0) => {
+        Some(v) if v.len() == 2 * d && v.iter().all(|&x| (0..=ID_LIMIT as i64).contains(&x)) => {
             let v: Vec<usize> = v.iter().map(|&x| x as usize).collect();
             Ok((v[..d].to_vec(), v[d..].to_vec()))
         }
@@ -249,7 +257,7 @@ fn pads(at: &Attrs, d: usize) -> R<(Vec<usize>, Vec<usize>)> {
 /// The kernel of a pool: `kernel_shape`, one positive dim per spatial axis.
 fn pool_kernel(at: &Attrs, d: usize) -> R<Vec<usize>> {
     match at.ints("kernel_shape") {
-        Some(v) if v.len() == d && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+        Some(v) if v.len() == d && v.iter().all(|&x| (1..=ID_LIMIT as i64).contains(&x)) => Ok(v.iter().map(|&x| x as usize).collect()),
         Some(v) => Err(Fail::Invalid(format!("kernel_shape {v:?} for {d} spatial axes"))),
         None => Err(Fail::Invalid("no kernel_shape".into())),
     }

@@ -222,6 +222,11 @@ impl Importer<'_> {
         if out.contains(&0) {
             return unsup(format!("a Resize to {out:?} (kiln has no empty tensors)"));
         }
+        // Each output position is an id (exact in f32 below 2^24), and the shape must be one
+        // kiln can hold.
+        if out.iter().any(|&o| o >= 1 << 24) || super::super::tensor::checked_numel(&out).is_err() {
+            return Err(Fail::Invalid(format!("a Resize to {out:?}")));
+        }
         let ctm = if legacy { "asymmetric".to_string() } else { at.string("coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into()) };
         let antialias = at.int("antialias", 0) != 0;
         let kernel = |a: usize| -> R<Kernel> {

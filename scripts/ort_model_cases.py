@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Writes small convolutional models (the window, channel-norm and resize ops a vision export
-carries: a ResNet stem and block, MobileNet's depthwise and grouped convolutions, a decoder with
-transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding) in the
-backend-test layout, with onnxruntime's outputs as the reference:
-OUT/<case>/model.onnx, test_data_set_0/{input,output}_K.pb.
+"""Writes small models of what a text encoder export does not carry, in the backend-test layout,
+with onnxruntime's outputs as the reference (OUT/<case>/model.onnx,
+test_data_set_0/{input,output}_K.pb): the window, channel-norm and resize ops of vision exports
+(a ResNet stem and block, MobileNet's depthwise and grouped convolutions, a decoder with
+transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding), and a
+decoder-style rotary embedding whose angles come from a run-time `position_ids` input (Sin and
+Cos of run-time values).
 
 Weights are initializers (most above kiln's 64-element weight threshold, so they take the
 path real models take: rearranged at import into weights of their own).
 
-usage: ort_cnn_cases.py OUT
+usage: ort_model_cases.py OUT
 """
 import os
 import sys
@@ -54,10 +56,12 @@ class Model:
 
 
 def write(out, name, m, x, y, opset=21):
+    """x: the input array, or {name: array} for several."""
+    feeds = x if isinstance(x, dict) else {"x": x}
     graph = helper.make_graph(
         m.nodes,
         name,
-        [helper.make_tensor_value_info("x", F, x.shape)],
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
         [helper.make_tensor_value_info(y, F, [])],
         m.inits,
     )
@@ -68,9 +72,10 @@ def write(out, name, m, x, y, opset=21):
     os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
     sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = sess.run(None, {"x": x})
-    with open(os.path.join(d, "test_data_set_0", "input_0.pb"), "wb") as f:
-        f.write(numpy_helper.from_array(x, "x").SerializeToString())
+    (got,) = sess.run(None, feeds)
+    for k, (n, a) in enumerate(feeds.items()):
+        with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(a, n).SerializeToString())
     with open(os.path.join(d, "test_data_set_0", "output_0.pb"), "wb") as f:
         f.write(numpy_helper.from_array(got).SerializeToString())
 
@@ -150,9 +155,29 @@ def pixel_shuffle(out):
     write(out, "pixel_shuffle", m, rand(1, 3, 12, 10), t)
 
 
+def rotary_positions(out):
+    """Rotate-half rotary embedding (LLaMA/Qwen exports) at positions given as an input:
+    angles = position_ids · inv_freq, then Cos / Sin of a run-time value."""
+    b, s, h, d = 2, 9, 2, 16
+    m = Model()
+    inv = m.init((10000.0 ** (-np.arange(0, d, 2) / d)).astype(np.float32))
+    p = m.op("Cast", ["position_ids"], to=F)
+    p = m.op("Unsqueeze", [p, m.init(np.array([-1], np.int64))])
+    ang = m.op("Mul", [p, inv])
+    emb = m.op("Concat", [ang, ang], axis=-1)
+    cos = m.op("Unsqueeze", [m.op("Cos", [emb]), m.init(np.array([1], np.int64))])
+    sin = m.op("Unsqueeze", [m.op("Sin", [emb]), m.init(np.array([1], np.int64))])
+    x1 = m.op("Slice", ["x", m.init(np.array([0], np.int64)), m.init(np.array([d // 2], np.int64)), m.init(np.array([3], np.int64))])
+    x2 = m.op("Slice", ["x", m.init(np.array([d // 2], np.int64)), m.init(np.array([d], np.int64)), m.init(np.array([3], np.int64))])
+    rot = m.op("Concat", [m.op("Neg", [x2]), x1], axis=-1)
+    y = m.op("Add", [m.op("Mul", ["x", cos]), m.op("Mul", [rot, sin])])
+    pos = np.stack([np.arange(s) + 3, np.arange(s) * 700 + 11]).astype(np.int64)
+    write(out, "rotary_runtime_positions", m, {"x": rand(b, h, s, d), "position_ids": pos}, y)
+
+
 def main():
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions):
         case(out)
 
 
