@@ -7,6 +7,12 @@ the GenAI builders do), written in one of the forms those tools emit:
   nbits-sym  MatMulNBits, symmetric: no zero points (the op's default 8)
   qdq-int4   opset 21 DequantizeLinear of an int4 weight with `block_size` (scales and int4
              zero points per block), then the MatMul
+  q4-gather  nbits, and the embedding tables of the Gathers as com.microsoft
+             GatherBlockQuantized (transformers.js q4 exports): the largest as uint8 packed two
+             to a byte with packed zero points, the others as int4 without zero points, blocks
+             of 32 along the hidden axis
+  bnb4-nf4   com.microsoft MatMulBnb4 (bitsandbytes NF4, blocks of 64), by onnxruntime's own
+  bnb4-fp4   MatMulBnb4Quantizer (its C++ quantizer; no onnx_ir needed); FP4 likewise
 
 The quantizer is numpy here so the test needs nothing beyond onnx and onnxruntime (their own
 quantizer wants the onnx_ir package).
@@ -50,13 +56,52 @@ def quantize(w, symmetric):
     return q, scale, zero, k, n, blocks
 
 
+def gather_block_quantized(g, node, table, biggest):
+    """The Gather `node` of the f32 table [V, H] as GatherBlockQuantized (see the usage)."""
+    v, h = table.shape
+    blocks = h // BLOCK
+    q, scale, zero, _, _, _ = quantize(table.T, symmetric=not biggest)
+    # quantize() works on [K, N] along K: table.T is [H, V], so q is [V, blocks, BLOCK].
+    q = q.reshape(v, h)
+    name = node.input[0]
+    ins = [name + "_gq", node.input[1], name + "_gscale"]
+    if biggest:
+        g.initializer.append(helper.make_tensor(name + "_gq", TensorProto.UINT8, [v, h // 2], pack4(q).tobytes(), raw=True))
+        zrow = np.stack([pack4(z) for z in zero])
+        g.initializer.append(helper.make_tensor(name + "_gzero", TensorProto.UINT8, list(zrow.shape), zrow.tobytes(), raw=True))
+        ins.append(name + "_gzero")
+    else:
+        s4 = (q.astype(np.int16) - 8) & 0xF
+        g.initializer.append(helper.make_tensor(name + "_gq", TensorProto.INT4, [v, h], pack4(s4).tobytes(), raw=True))
+    g.initializer.append(numpy_helper.from_array(scale.astype(np.float32), name + "_gscale"))
+    return helper.make_node("GatherBlockQuantized", ins, list(node.output), name=node.name, domain="com.microsoft",
+                            gather_axis=0, quantize_axis=1, block_size=BLOCK, bits=4)
+
+
 def main():
     src, dst, mode = sys.argv[1:4]
     m = onnx.load(src)
+    if mode.startswith("bnb4-"):
+        from onnxruntime.quantization.matmul_bnb4_quantizer import MatMulBnb4Quantizer
+
+        q = MatMulBnb4Quantizer(m, MatMulBnb4Quantizer.NF4 if mode == "bnb4-nf4" else MatMulBnb4Quantizer.FP4, 64)
+        q.process()
+        onnx.save(q.model.model, dst)
+        ops = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in onnx.load(dst).graph.node)
+        print(" ".join(f"{k}={v}" for k, v in sorted(ops.items())))
+        return
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     nodes, drop = [], set()
+    tables = {n.input[0]: numpy_helper.to_array(inits[n.input[0]]) for n in g.node
+              if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2}
+    tables = {k: t for k, t in tables.items() if t.dtype == np.float32 and t.shape[1] % BLOCK == 0}
+    biggest = max(tables, key=lambda k: tables[k].size, default=None)
     for node in g.node:
+        if mode == "q4-gather" and node.op_type == "Gather" and node.input[0] in tables:
+            nodes.append(gather_block_quantized(g, node, tables[node.input[0]], node.input[0] == biggest))
+            drop.add(node.input[0])
+            continue
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2:
             nodes.append(node)
@@ -64,11 +109,11 @@ def main():
         q, scale, zero, k, n, blocks = quantize(numpy_helper.to_array(w), mode == "nbits-sym")
         name = node.input[1]
         drop.add(name)
-        if mode in ("nbits", "nbits-sym"):
+        if mode in ("nbits", "nbits-sym", "q4-gather"):
             ins = [node.input[0], name + "_q4", name + "_scales"]
             g.initializer.append(helper.make_tensor(name + "_q4", TensorProto.UINT8, [n, blocks, BLOCK // 2], pack4(q).tobytes(), raw=True))
             g.initializer.append(numpy_helper.from_array(scale.reshape(-1), name + "_scales"))
-            if mode == "nbits":
+            if mode != "nbits-sym":
                 ins.append(name + "_zeros")
                 zrow = np.stack([pack4(z) for z in zero])
                 g.initializer.append(helper.make_tensor(name + "_zeros", TensorProto.UINT8, [zrow.size], zrow.tobytes(), raw=True))

@@ -408,13 +408,16 @@ fn dynamically_quantized_extended_export_is_within_quantization_noise() {
 
 /// 4-bit weight-only quantization (`scripts/weight_only_quantize.py`: round to nearest per
 /// block of 32 along K): com.microsoft MatMulNBits with and without zero points (on the legacy
-/// export) against onnxruntime, and opset 21 blocked DequantizeLinear of int4 weights (on the
-/// opset 23 export) against onnxruntime unoptimized (its optimized session fuses the pattern
-/// into MatMulNBits computed with int8 activations: cosine 0.9996 to its own unoptimized
-/// output). Measured: cosine 1.000000 and max abs ≤ 2.1e-7 in all three, on both backends.
+/// export) against onnxruntime, the same with the embedding tables as GatherBlockQuantized
+/// (uint8-packed with zero points, and int4), bitsandbytes NF4 and FP4 MatMulBnb4 (onnxruntime's
+/// own quantizer), and opset 21 blocked DequantizeLinear of int4 weights (on the opset 23
+/// export) against onnxruntime unoptimized (its optimized session fuses the pattern into
+/// MatMulNBits computed with int8 activations: cosine 0.9996 to its own unoptimized output).
+/// Measured: cosine 1.000000 and max abs ≤ 2.1e-7 in all, on both backends.
 #[test]
 fn four_bit_weight_only_exports_match_onnxruntime() {
-    for (mode, style) in [("nbits", "--legacy"), ("nbits-sym", "--legacy"), ("qdq-int4", "--attention-op")] {
+    let modes = [("nbits", "--legacy"), ("nbits-sym", "--legacy"), ("q4-gather", "--legacy"), ("bnb4-nf4", "--legacy"), ("bnb4-fp4", "--legacy"), ("qdq-int4", "--attention-op")];
+    for (mode, style) in modes {
         let Some((dir, out, fp32)) = written_export(&format!("w_{mode}"), style) else { return };
         let q = out.join(format!("minilm_{mode}.onnx"));
         script(&["scripts/weight_only_quantize.py", fp32.to_str().unwrap(), q.to_str().unwrap(), mode]);

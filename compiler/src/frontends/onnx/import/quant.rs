@@ -29,7 +29,9 @@ use super::{given, one, unsup, Attrs, Fail, Importer, NodeCx, NodeProto, Val, R}
 pub(super) const OPS: &[&str] = &["DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear"];
 
 /// The `com.microsoft` ops this file imports.
-pub(super) const CONTRIB_OPS: &[&str] = &["DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits", "QLinearAdd", "QLinearMul", "QLinearSoftmax"];
+pub(super) const CONTRIB_OPS: &[&str] = &[
+    "DynamicQuantizeMatMul", "GatherBlockQuantized", "MatMulBnb4", "MatMulIntegerToFloat", "MatMulNBits", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
+];
 
 /// The saturation bounds of a node's quantized output type: its zero point's type `zero`
 /// where there is one, else `output_dtype` (QuantizeLinear, opset 21 on), else uint8 (ONNX's
@@ -111,6 +113,111 @@ fn nbits_weight(b: &Lit, scales: &Lit, zeros: Option<&Lit>, g_idx: Option<&Lit>,
         }
     }
     let mut l = Lit::of(Elem::F32, vec![k, n], w);
+    l.weight = true;
+    Ok(l)
+}
+
+/// bitsandbytes' 4-bit codes (onnxruntime's `blockwise_quant_block_bnb4.h`): FP4 (quant_type
+/// 0) and NF4 (1), each a value in [-1, 1] scaled by its block's absmax.
+const BNB4_FP4: [f32; 16] = [
+    0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25, -0.0, -5.208333333e-03, -0.66666667, -1.0, -0.33333333, -0.5, -0.16666667,
+    -0.25,
+];
+const BNB4_NF4: [f32; 16] = [
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023,
+    1.0,
+];
+
+/// MatMulBnb4's B dequantized into the f32 [K, N] weight: B is Wᵀ ([N, K] row-major, flat)
+/// in 4-bit codes, two to a byte with the first in the high nibble, one absmax per
+/// `block_size` consecutive codes of that flat array.
+fn bnb4_weight(b: &Lit, absmax: &Lit, k: i64, n: i64, block: i64, quant_type: i64) -> Result<Lit, String> {
+    let table = match quant_type {
+        0 => &BNB4_FP4,
+        1 => &BNB4_NF4,
+        q => return Err(format!("MatMulBnb4 quant_type {q} (0: FP4, 1: NF4)")),
+    };
+    if k < 1 || n < 1 || block < 1 {
+        return Err(format!("MatMulBnb4 with K = {k}, N = {n}, block_size = {block}"));
+    }
+    let (k, n, block) = (k as usize, n as usize, block as usize);
+    let numel = k.checked_mul(n).ok_or("MatMulBnb4 K·N")?;
+    if b.numel() != numel.div_ceil(2) || !matches!(b.elem, Elem::U8 | Elem::I8) {
+        return Err(format!("MatMulBnb4 B of {:?} {:?} for K = {k}, N = {n} (want {} bytes)", b.elem, b.shape, numel.div_ceil(2)));
+    }
+    if absmax.numel() != numel.div_ceil(block) {
+        return Err(format!("MatMulBnb4 absmax of shape {:?} for {numel} values in blocks of {block}", absmax.shape));
+    }
+    let (bq, am) = (b.ints(), absmax.floats());
+    let mut w = vec![0f64; numel];
+    for i in 0..numel {
+        let byte = bq[i / 2] as u8;
+        let code = if i % 2 == 0 { byte >> 4 } else { byte & 0xf };
+        // flat i is (column, k) of Wᵀ.
+        w[(i % k) * n + i / k] = (table[code as usize] * am[i / block] as f32) as f64;
+    }
+    let mut l = Lit::of(Elem::F32, vec![k, n], w);
+    l.weight = true;
+    Ok(l)
+}
+
+/// GatherBlockQuantized's data dequantized into f32 at its logical shape (uint8 data holds
+/// 8/bits values per byte along the last axis, the first in the low bits): `(q - zero)·scale`
+/// with one scale (and zero point) per `block` values along `axis` (onnxruntime's
+/// `gather_block_quantized.cc`; zero points default to 2^(bits-1) for uint8, 0 for int4/uint4).
+fn block_dequantized(data: &Lit, scales: &Lit, zeros: Option<&Lit>, axis: usize, block: i64, bits: i64) -> Result<Lit, String> {
+    let packed = data.elem == Elem::U8;
+    let per_byte = if packed {
+        match bits {
+            2 | 4 | 8 => 8 / bits as usize,
+            b => return Err(format!("GatherBlockQuantized with bits = {b} (uint8 data: 2, 4 or 8)")),
+        }
+    } else if matches!(data.elem, Elem::I4 | Elem::U4) && bits == 4 {
+        1
+    } else {
+        return Err(format!("GatherBlockQuantized of {:?} data with bits = {bits}", data.elem));
+    };
+    let r = data.shape.len();
+    if block < 1 || axis >= r || (packed && axis != r - 1) {
+        return Err(format!("GatherBlockQuantized with block_size {block}, quantize_axis {axis} of a rank-{r} data"));
+    }
+    let block = block as usize;
+    let mut shape = data.shape.clone();
+    shape[r - 1] *= per_byte;
+    let q_dim = shape[axis];
+    let q_n: usize = shape[axis + 1..].iter().product();
+    let blocks = q_dim.div_ceil(block);
+    let mut want = shape.clone();
+    want[axis] = blocks;
+    if scales.shape != want {
+        return Err(format!("GatherBlockQuantized scales of shape {:?} for data of logical shape {shape:?} (want {want:?})", scales.shape));
+    }
+    let row = blocks * q_n;
+    if let Some(z) = zeros {
+        let zn = if packed { scales.numel() / row * row.div_ceil(per_byte) } else { scales.numel() };
+        if z.numel() != zn {
+            return Err(format!("GatherBlockQuantized zero points of shape {:?} (want {zn} values)", z.shape));
+        }
+    }
+    let (dq, sc) = (data.ints(), scales.floats());
+    let zq = zeros.map(|z| z.ints()).unwrap_or_default();
+    let mask = (1i64 << (8 / per_byte)) - 1;
+    let sub = |bytes: &[i64], i: usize| if per_byte == 1 { bytes[i] } else { (bytes[i / per_byte] >> ((i % per_byte) * (8 / per_byte))) & mask };
+    let numel: usize = shape.iter().product();
+    let mut w = vec![0f64; numel];
+    for (i, wi) in w.iter_mut().enumerate() {
+        let (x, y, z) = (i / (q_dim * q_n), i % (q_dim * q_n) / q_n, i % q_n);
+        let si = x * row + y / block * q_n + z;
+        let zero = match zeros {
+            None if packed => 1i64 << (8 / per_byte - 1),
+            None => 0,
+            Some(_) if packed => sub(&zq[si / row * row.div_ceil(per_byte)..], si % row),
+            Some(_) => zq[si],
+        };
+        *wi = ((sub(&dq, i) - zero) as f32 * sc[si] as f32) as f64;
+    }
+    let mut l = Lit::of(Elem::F32, shape, w);
     l.weight = true;
     Ok(l)
 }
@@ -236,20 +343,27 @@ impl Importer<'_> {
             // picked by `g_idx` where given. Dequantized into an f32 [K, N] weight at import;
             // the product is then kiln's f32 GEMM (onnxruntime's `accuracy_level` 4 quantizes
             // A to int8 as well, which kiln does not: its results are the more exact ones).
-            "MatMulNBits" => {
+            // bitsandbytes' FP4/NF4 (onnxruntime's MatMulBnb4 quantizer; transformers.js
+            // `*_bnb4.onnx` exports) likewise, through its 16-entry code table.
+            "MatMulNBits" | "MatMulBnb4" => {
                 let lit = |k: usize, what: &str| -> R<Option<Lit>> {
                     match ins.get(k).cloned().flatten() {
                         None => Ok(None),
                         Some(Val::Lit(l)) => Ok(Some(self.lit(&iname(k), &l)?)),
-                        Some(Val::Node(_)) => unsup(format!("MatMulNBits {what} computed at run time")),
+                        Some(Val::Node(_)) => unsup(format!("{op} {what} computed at run time")),
                     }
                 };
-                let b = lit(1, "weights")?.ok_or_else(|| Fail::Invalid("MatMulNBits without B".into()))?;
-                let scales = lit(2, "scales")?.ok_or_else(|| Fail::Invalid("MatMulNBits without scales".into()))?;
-                let (zeros, g_idx) = (lit(3, "zero points")?, lit(4, "g_idx")?);
+                let b = lit(1, "weights")?.ok_or_else(|| Fail::Invalid(format!("{op} without B")))?;
+                let scales = lit(2, "scales")?.ok_or_else(|| Fail::Invalid(format!("{op} without scales")))?;
                 let (k, nn) = (at.int("K", 0), at.int("N", 0));
-                let (bits, block) = (at.int("bits", 4), at.int("block_size", 0));
-                let w = nbits_weight(&b, &scales, zeros.as_ref(), g_idx.as_ref(), k, nn, bits, block).map_err(Fail::Invalid)?;
+                let block = at.int("block_size", 0);
+                let w = if op == "MatMulBnb4" {
+                    bnb4_weight(&b, &scales, k, nn, block, at.int("quant_type", -1))
+                } else {
+                    let (zeros, g_idx) = (lit(3, "zero points")?, lit(4, "g_idx")?);
+                    nbits_weight(&b, &scales, zeros.as_ref(), g_idx.as_ref(), k, nn, at.int("bits", 4), block)
+                }
+                .map_err(Fail::Invalid)?;
                 let w = self.node(&format!("{}.dequant", iname(1)), &Val::Lit(w))?;
                 let a = self.node(&iname(0), &inp(0)?)?;
                 let dt = self.dtype(&Val::Node(a));
@@ -257,7 +371,7 @@ impl Importer<'_> {
                 if self.shape(&Val::Node(a)).last() != Some(&(k as usize)) {
                     return Err(Fail::Invalid(format!("A of shape {:?} for K = {k}", self.shape(&Val::Node(a)))));
                 }
-                let bias = given(ins, 5);
+                let bias = op == "MatMulNBits" && given(ins, 5);
                 let mm = if bias { self.fresh(name) } else { name.to_string() };
                 let y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![a, w])?;
                 if !bias {
@@ -317,6 +431,30 @@ impl Importer<'_> {
             }
             // Q(Softmax(DQ(X))) along `axis`, with `opset`'s Softmax rule (before 13: the
             // input flattened to 2-D at the axis).
+            // A table of block-quantized rows (the token embeddings of transformers.js q4 /
+            // q4f16 exports; onnxruntime's MatMulNBits quantizer given Gather): dequantized at
+            // import into an f32 weight, then an ordinary Gather along `gather_axis` (negative
+            // ids wrap; an id out of range is a run-time error, where onnxruntime writes zeros).
+            "GatherBlockQuantized" => {
+                let known = |me: &Self, k: usize, what: &str| -> R<Option<Lit>> {
+                    match ins.get(k).cloned().flatten() {
+                        None => Ok(None),
+                        Some(Val::Lit(l)) => Ok(Some(me.lit(&iname(k), &l)?)),
+                        Some(Val::Node(_)) => unsup(format!("GatherBlockQuantized {what} computed at run time")),
+                    }
+                };
+                let data = known(self, 0, "data")?.ok_or_else(|| Fail::Invalid("no data".into()))?;
+                let scales = known(self, 2, "scales")?.ok_or_else(|| Fail::Invalid("no scales".into()))?;
+                let zeros = known(self, 3, "zero points")?;
+                let r = data.shape.len();
+                let (qa, ga) = (shape::axis(at.int("quantize_axis", 1), r)?, shape::axis(at.int("gather_axis", 0), r)?);
+                let w = block_dequantized(&data, &scales, zeros.as_ref(), qa, at.int("block_size", 128), at.int("bits", 4)).map_err(Fail::Invalid)?;
+                let ws = w.shape.clone();
+                let w = self.node(&format!("{}.dequant", iname(0)), &Val::Lit(w))?;
+                let ids = self.node(&iname(1), &inp(1)?)?;
+                let g = self.gather_axis(&self.fresh(name), w, &ws, ga, ids, true)?;
+                one(self.cast_to(name, g, scales.elem.dtype())?)
+            }
             "QLinearSoftmax" => {
                 let range = out_range(self.elem_at(n, ins, 4).or(self.elem_at(n, ins, 2)), &Attrs::new(&[]))?;
                 let x = self.node(&iname(0), &inp(0)?)?;
