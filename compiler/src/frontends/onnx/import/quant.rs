@@ -118,11 +118,14 @@ fn nbits_weight(b: &Lit, scales: &Lit, zeros: Option<&Lit>, g_idx: Option<&Lit>,
 }
 
 /// bitsandbytes' 4-bit codes (onnxruntime's `blockwise_quant_block_bnb4.h`): FP4 (quant_type
-/// 0) and NF4 (1), each a value in [-1, 1] scaled by its block's absmax.
+/// 0) and NF4 (1), each a value in [-1, 1] scaled by its block's absmax. Written as there: the
+/// f32 each literal rounds to is the code's value.
+#[allow(clippy::excessive_precision)]
 const BNB4_FP4: [f32; 16] = [
     0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25, -0.0, -5.208333333e-03, -0.66666667, -1.0, -0.33333333, -0.5, -0.16666667,
     -0.25,
 ];
+#[allow(clippy::excessive_precision)]
 const BNB4_NF4: [f32; 16] = [
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
     0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023,
