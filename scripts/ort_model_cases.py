@@ -11,9 +11,13 @@ Weights are initializers (most above kiln's 64-element weight threshold, so they
 path real models take: rearranged at import into weights of their own).
 
 usage: ort_model_cases.py OUT
+       ort_model_cases.py --resnet18 FILE [THREADS]   writes ResNet-18 (random weights,
+           1x3x224x224, opset 17) and prints onnxruntime's median time on it; time kiln with
+           `kiln bench --onnx FILE --bucket 1x1`
 """
 import os
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -175,7 +179,45 @@ def rotary_positions(out):
     write(out, "rotary_runtime_positions", m, {"x": rand(b, h, s, d), "position_ids": pos}, y)
 
 
+def resnet18(path, threads):
+    m = Model()
+    t = m.conv("x", 3, 64, 7, strides=[2, 2], pads=[3, 3, 3, 3], bias=False)
+    t = m.op("Relu", [m.bn(t, 64)])
+    t = m.op("MaxPool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for i, cout in enumerate([64, 128, 256, 512]):
+        for j in range(2):
+            s = 2 if (j == 0 and i > 0) else 1
+            r = m.op("Relu", [m.bn(m.conv(t, cin, cout, 3, strides=[s, s], pads=[1, 1, 1, 1], bias=False), cout)])
+            r = m.bn(m.conv(r, cout, cout, 3, pads=[1, 1, 1, 1], bias=False), cout)
+            sc = t if (s == 1 and cin == cout) else m.bn(m.conv(t, cin, cout, 1, strides=[s, s], bias=False), cout)
+            t = m.op("Relu", [m.op("Add", [sc, r])])
+            cin = cout
+    t = m.op("Flatten", [m.op("GlobalAveragePool", [t])])
+    t = m.op("Gemm", [t, m.init(rand(1000, 512, scale=0.05)), m.init(rand(1000))], transB=1)
+    graph = helper.make_graph(m.nodes, "resnet18", [helper.make_tensor_value_info("x", F, [1, 3, 224, 224])],
+                              [helper.make_tensor_value_info(t, F, [1, 1000])], m.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    x = rand(1, 3, 224, 224)
+    for _ in range(3):
+        sess.run(None, {"x": x})
+    ms = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        sess.run(None, {"x": x})
+        ms.append((time.perf_counter() - t0) * 1e3)
+    print(f"onnxruntime {ort.__version__}, {threads} thread(s): median {np.median(ms):.2f} ms over {len(ms)} runs")
+
+
 def main():
+    if sys.argv[1] == "--resnet18":
+        resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
+        return
     out = sys.argv[1]
     for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions):
         case(out)
