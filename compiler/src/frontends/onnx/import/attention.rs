@@ -10,14 +10,18 @@
 //! group); `past_key` / `past_value` with the `present_*` outputs. A row with every key masked
 //! gives zeros, as the spec says (the guard is `Where(IsNaN(p), 0, p)`, which the fusion takes as
 //! its zero-NaN-rows flag; unlike the spec, which decides on the mask alone, it also zeroes a row
-//! a NaN or +inf score made NaN). Refused: `nonpad_kv_seqlen`, sliding windows, and the
-//! `qk_matmul_output` output.
+//! a NaN or +inf score made NaN). `nonpad_kv_seqlen` (a static cache's valid lengths, a run-time
+//! input) masks the keys past each row's length and moves its causal and window frontiers;
+//! `left_window_size` / `right_window_size` bound the keys a query sees; the `qk_matmul_output`
+//! output is the scores at the stage `qk_matmul_output_mode` names as the reference computes
+//! them (0 and 1: scaled, and softcapped where there is a softcap; 2: plus the mask and the
+//! frontiers; 3: the softmax).
 
 use kiln_runtime::graph::{BinaryOp, Op, UnaryOp, ValueId};
 use kiln_runtime::DType;
 
 use super::super::tensor::{Elem, Lit};
-use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
+use super::{Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &["Attention"];
@@ -27,17 +31,16 @@ impl Importer<'_> {
     pub(super) fn import_attention(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
         let NodeCx { name, n, ins, at, .. } = *cx;
         let given = |k: usize| ins.get(k).is_some_and(|v| v.is_some());
-        if given(6) {
-            return unsup("Attention with nonpad_kv_seqlen");
+        let window = (at.int("left_window_size", -1), at.int("right_window_size", -1));
+        if window.0 < -1 || window.1 < -1 {
+            return Err(Fail::Invalid(format!("Attention window sizes {window:?} (each -1 or at least 0)")));
         }
-        if at.int("left_window_size", -1) != -1 || at.int("right_window_size", -1) != -1 {
-            return unsup("Attention with a sliding window");
-        }
-        if n.output.get(3).is_some_and(|o| !o.is_empty() && self.m.is_used(o)) {
-            return unsup("Attention's qk_matmul_output output");
-        }
+        let want_qk = n.output.get(3).is_some_and(|o| !o.is_empty() && self.m.is_used(o));
         if given(4) != given(5) {
             return Err(Fail::Invalid("Attention needs past_key and past_value together".into()));
+        }
+        if given(6) && given(4) {
+            return Err(Fail::Invalid("Attention with nonpad_kv_seqlen and a past cache".into()));
         }
         let dt = self.dtype(&cx.inp(0)?);
         let f32_of = |me: &mut Self, k: usize| -> R<ValueId> {
@@ -97,7 +100,19 @@ impl Importer<'_> {
             let t = self.tmp(name, Op::Unary(UnaryOp::Tanh), vec![t])?;
             scores = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![t, c])?;
         }
-        let bias = self.attention_bias(cx, [b, hq, s, l], past_len, at.int("is_causal", 0) != 0)?;
+        // A static cache's valid lengths, [B, 1, 1] in f32.
+        let lens = if given(6) {
+            let v = self.node(&cx.iname(6), &cx.inp(6)?)?;
+            if self.shape(&Val::Node(v)).iter().product::<usize>() != b {
+                return Err(Fail::Invalid(format!("Attention nonpad_kv_seqlen of shape {:?} for batch {b}", self.shape(&Val::Node(v)))));
+            }
+            let v = self.cast_to(name, v, DType::F32)?;
+            Some(self.reshape(&self.fresh(name), v, &[b, 1, 1])?)
+        } else {
+            None
+        };
+        let frontier = Frontier { past_len, lens, causal: at.int("is_causal", 0) != 0, window };
+        let bias = self.attention_bias(cx, [b, hq, s, l], &frontier)?;
         let mut sm = vec![scores];
         sm.extend(bias);
         let p = self.tmp(name, Op::Softmax { axis: 3 }, sm)?;
@@ -106,23 +121,33 @@ impl Importer<'_> {
         let nan = self.as_bool(&self.fresh(name), nan)?;
         let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
         let p = self.tmp(name, Op::Where, vec![nan, zero, p])?;
+        let qk = if want_qk {
+            let v = match at.int("qk_matmul_output_mode", 0) {
+                0 | 1 => scores,
+                2 => match bias {
+                    Some(bv) => self.tmp(name, Op::Binary(BinaryOp::Add), vec![scores, bv])?,
+                    None => scores,
+                },
+                3 => p,
+                m => return Err(Fail::Invalid(format!("qk_matmul_output_mode {m}"))),
+            };
+            Some(self.cast_to(name, v, dt)?)
+        } else {
+            None
+        };
         let mut y = self.tmp(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![p, v])?;
         if three_d {
             let t = self.tmp(name, Op::Transpose { perm: vec![0, 2, 1, 3] }, vec![y])?;
             y = self.reshape(&self.fresh(name), t, &[b, s, hq * vs[3]])?;
         }
         let mut outs = vec![self.cast_to(name, y, dt)?];
-        for (i, pres) in present.into_iter().enumerate() {
-            if n.output.get(i + 1).is_some_and(|o| !o.is_empty() && self.m.is_used(o)) {
+        let want_present = (1..3).any(|i| n.output.get(i).is_some_and(|o| !o.is_empty() && self.m.is_used(o)));
+        if want_present || want_qk {
+            for pres in present {
                 outs.push(self.cast_to(name, pres, dt)?);
             }
         }
-        if outs.len() == 1 {
-            return one(outs[0]);
-        }
-        if outs.len() != 3 {
-            return unsup("only one of Attention's present_key / present_value outputs");
-        }
+        outs.extend(qk);
         Ok(outs)
     }
 
@@ -148,11 +173,11 @@ impl Importer<'_> {
     }
 
     /// The additive bias over the scores (of shape `scores`, [B, heads, S, L]): the mask (bool: 0
-    /// where true, -inf where false; float as it is; keys past its last column masked) plus, when
-    /// causal, -inf where key j > query i + `past_len`. None when there is neither.
-    fn attention_bias(&mut self, cx: &NodeCx, scores: [usize; 4], past_len: usize, causal: bool) -> R<Option<ValueId>> {
+    /// where true, -inf where false; float as it is; keys past its last column masked) plus -inf
+    /// where `f` masks a key (see [`Frontier`]). None when nothing is masked.
+    fn attention_bias(&mut self, cx: &NodeCx, scores: [usize; 4], f: &Frontier) -> R<Option<ValueId>> {
         let name = cx.name;
-        let [_, _, s, l] = scores;
+        let [b, _, s, l] = scores;
         let mut bias = None;
         if cx.ins.get(3).is_some_and(|v| v.is_some()) {
             let m = self.node(&cx.iname(3), &cx.inp(3)?)?;
@@ -185,14 +210,73 @@ impl Importer<'_> {
             }
             bias = Some(add);
         }
-        if causal {
-            let tri: Vec<f64> = (0..s * l).map(|e| if e % l <= e / l + past_len { 0.0 } else { f64::NEG_INFINITY }).collect();
-            let c = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![s, l], tri)))?;
+        // Query i (at absolute position i + offset) sees key j where j ≤ i + offset (causal),
+        // i + offset - j ≤ left and j - (i + offset) ≤ right (the window). With known offset
+        // (the past's length) each is a constant [S, L]; with per-row lengths (offset = len - S)
+        // it is computed from d = len - (j - i + S) = i + offset - j.
+        let mut terms = Vec::new();
+        let (left, right) = f.window;
+        match f.lens {
+            None => {
+                let off = f.past_len as i64;
+                let keep = |i: i64, j: i64| (!f.causal || j <= i + off) && (left < 0 || i + off - j <= left) && (right < 0 || j - i - off <= right);
+                if f.causal || left >= 0 || right >= 0 {
+                    let v: Vec<f64> = (0..s * l).map(|e| if keep((e / l) as i64, (e % l) as i64) { 0.0 } else { f64::NEG_INFINITY }).collect();
+                    terms.push(self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![s, l], v)))?);
+                }
+            }
+            Some(lens) => {
+                let dist: Vec<f64> = (0..s * l).map(|e| ((e % l) as f64) - ((e / l) as f64) + s as f64).collect();
+                let dist = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![s, l], dist)))?;
+                let dd = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![lens, dist])?;
+                // Each condition `bound ≥ value` as 0 / -inf, [B, S, L].
+                let mut at_most = |me: &mut Self, v: ValueId, bound: f32| -> R<()> {
+                    let k = me.scalar(&me.fresh(name), bound, DType::F32)?;
+                    let ok = me.tmp(name, Op::Binary(BinaryOp::Le), vec![v, k])?;
+                    let ok = me.as_bool(&me.fresh(name), ok)?;
+                    let (zero, ninf) = (me.scalar(&me.fresh(name), 0.0, DType::F32)?, me.scalar(&me.fresh(name), f32::NEG_INFINITY, DType::F32)?);
+                    let t = me.tmp(name, Op::Where, vec![ok, zero, ninf])?;
+                    terms.push(me.reshape(&me.fresh(name), t, &[b, 1, s, l])?);
+                    Ok(())
+                };
+                let neg = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![dd])?;
+                if f.causal {
+                    at_most(self, neg, 0.0)?;
+                }
+                if left >= 0 {
+                    at_most(self, dd, left as f32)?;
+                }
+                if right >= 0 {
+                    at_most(self, neg, right as f32)?;
+                }
+                // Keys past each row's length: j - len ≤ -1.
+                let pos: Vec<f64> = (0..l).map(|j| j as f64).collect();
+                let pos = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, 1, l], pos)))?;
+                let past_end = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![pos, lens])?;
+                let ok = self.scalar(&self.fresh(name), -1.0, DType::F32)?;
+                let ok = self.tmp(name, Op::Binary(BinaryOp::Le), vec![past_end, ok])?;
+                let ok = self.as_bool(&self.fresh(name), ok)?;
+                let (zero, ninf) = (self.scalar(&self.fresh(name), 0.0, DType::F32)?, self.scalar(&self.fresh(name), f32::NEG_INFINITY, DType::F32)?);
+                let t = self.tmp(name, Op::Where, vec![ok, zero, ninf])?;
+                terms.push(self.reshape(&self.fresh(name), t, &[b, 1, 1, l])?);
+            }
+        }
+        for t in terms {
             bias = Some(match bias {
-                Some(m) => self.tmp(name, Op::Binary(BinaryOp::Add), vec![m, c])?,
-                None => c,
+                Some(m) => self.tmp(name, Op::Binary(BinaryOp::Add), vec![m, t])?,
+                None => t,
             });
         }
         Ok(bias)
     }
+}
+
+/// Where a query's visible keys end: after `past_len` cached keys, or (a static cache) at
+/// each row's `lens` ([B, 1, 1], f32); `causal`; and the sliding `window` (left, right; -1:
+/// unbounded).
+struct Frontier {
+    past_len: usize,
+    lens: Option<ValueId>,
+    causal: bool,
+    window: (i64, i64),
 }
