@@ -5,7 +5,8 @@ test_data_set_0/{input,output}_K.pb): the window, channel-norm and resize ops of
 (a ResNet stem and block, MobileNet's depthwise and grouped convolutions, a decoder with
 transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding), and a
 decoder-style rotary embedding whose angles come from a run-time `position_ids` input (Sin and
-Cos of run-time values).
+Cos of run-time values), and stacked recurrent layers (LSTM, GRU, RNN) over rows of different
+lengths.
 
 Weights are initializers (most above kiln's 64-element weight threshold, so they take the
 path real models take: rearranged at import into weights of their own).
@@ -214,12 +215,33 @@ def resnet18(path, threads):
     print(f"onnxruntime {ort.__version__}, {threads} thread(s): median {np.median(ms):.2f} ms over {len(ms)} runs")
 
 
+def recurrent(out):
+    """A bidirectional LSTM with peepholes and clip over rows of different lengths (a run-time
+    sequence_lens), then a reverse GRU (linear_before_reset) and a Relu RNN (onnxruntime has no
+    batch-major layout = 1; the node tests cover it)."""
+    s, b, i = 12, 3, 8
+    m = Model()
+    lens = np.array([12, 7, 1], np.int32)
+    h1, h2, h3 = 16, 8, 6
+    t = m.op("LSTM", ["x", m.init(rand(2, 4 * h1, i, scale=0.4)), m.init(rand(2, 4 * h1, h1, scale=0.3)), m.init(rand(2, 8 * h1, scale=0.1)),
+                      "sequence_lens", m.init(rand(2, b, h1, scale=0.5)), m.init(rand(2, b, h1, scale=0.5)), m.init(rand(2, 3 * h1, scale=0.2))],
+             hidden_size=h1, direction="bidirectional", clip=5.0)
+    t = m.op("Reshape", [m.op("Transpose", [t], perm=[0, 2, 1, 3]), m.init(np.array([s, b, 2 * h1], np.int64))])
+    t = m.op("GRU", [t, m.init(rand(1, 3 * h2, 2 * h1, scale=0.3)), m.init(rand(1, 3 * h2, h2, scale=0.3)), m.init(rand(1, 6 * h2, scale=0.1)), "sequence_lens"],
+             hidden_size=h2, direction="reverse", linear_before_reset=1)
+    t = m.op("Squeeze", [t, m.init(np.array([1], np.int64))])
+    n = len(m.nodes)
+    m.nodes.append(helper.make_node("RNN", [t, m.init(rand(1, h3, h2, scale=0.4)), m.init(rand(1, h3, h3, scale=0.4))], ["", "rnn_h"],
+                                    name=f"n{n}_RNN", hidden_size=h3, activations=["Relu"]))
+    write(out, "recurrent", m, {"x": rand(s, b, i), "sequence_lens": lens}, "rnn_h")
+
+
 def main():
     if sys.argv[1] == "--resnet18":
         resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent):
         case(out)
 
 

@@ -61,6 +61,9 @@ impl<'a> Attrs<'a> {
     pub fn string(&self, name: &str) -> Option<String> {
         self.get_as(name, AttributeType::String).and_then(|a| a.s.as_ref()).map(|s| String::from_utf8_lossy(s).into_owned())
     }
+    pub fn strings(&self, name: &str) -> Option<Vec<String>> {
+        self.get_as(name, AttributeType::Strings).map(|a| a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+    }
     pub fn tensor(&self, name: &str) -> Option<&'a TensorProto> {
         self.get_as(name, AttributeType::Tensor).and_then(|a| a.t.as_ref())
     }

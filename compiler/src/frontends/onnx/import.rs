@@ -25,6 +25,7 @@ mod layout;
 mod linalg;
 mod norm;
 mod quant;
+mod recurrent;
 mod resize;
 mod rotary;
 
@@ -110,7 +111,7 @@ fn given(ins: &[Option<Val>], k: usize) -> bool {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 12] = [
+const FAMILIES: [(&[&str], ImportFn); 13] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -123,6 +124,7 @@ const FAMILIES: [(&[&str], ImportFn); 12] = [
     (conv::OPS, |im, cx| im.import_conv(cx)),
     (channel_norm::OPS, |im, cx| im.import_channel_norm(cx)),
     (resize::OPS, |im, cx| im.import_resize(cx)),
+    (recurrent::OPS, |im, cx| im.import_recurrent(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
