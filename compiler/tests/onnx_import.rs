@@ -362,7 +362,6 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
     let rotary_ins = |x| vec![("x", x), ("position_ids", vec![Err("batch"), Err("sequence")])];
     let rotary = |attrs| node("RotaryEmbedding", &["x", "cos", "sin", "position_ids"], &["y"], attrs);
     let bad_model = |s: &str| (true, s.to_string());
-    let unsupported = |s: &str| (false, s.to_string());
     let cases = [
         (write_model(attn(&["q", "k", "v"], vec![]), &qkv3(), vec![]), bad_model("3-D Attention needs q_num_heads > 0 (got 0)")),
         (write_model(attn(&["q", "k", "v"], heads(3, 3)), &qkv3(), vec![]), bad_model("Attention input of width 8 for 3 heads")),
@@ -397,8 +396,8 @@ fn malformed_attention_and_rotary_name_the_node_and_the_fault() {
             bad_model("Attention past_value of shape [1, 2, 3, 5] for rows of shape [1, 2, 4, 4]"),
         ),
         (
-            write_model(attn(&["q", "k", "v"], [heads(2, 2), vec![int_attr("left_window_size", 2)]].concat()), &qkv3(), vec![]),
-            unsupported("Attention with a sliding window"),
+            write_model(attn(&["q", "k", "v"], [heads(2, 2), vec![int_attr("left_window_size", -2)]].concat()), &qkv3(), vec![]),
+            bad_model("Attention window sizes (-2, -1) (each -1 or at least 0)"),
         ),
         (
             write_model(rotary(vec![]), &rotary_ins(bsd(8)), vec![cache("cos", 2), cache("sin", 2)]),

@@ -23,6 +23,7 @@ mod elementwise;
 mod gather;
 mod layout;
 mod linalg;
+mod loss;
 mod norm;
 mod quant;
 mod recurrent;
@@ -111,7 +112,7 @@ fn given(ins: &[Option<Val>], k: usize) -> bool {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 13] = [
+const FAMILIES: [(&[&str], ImportFn); 14] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -125,6 +126,7 @@ const FAMILIES: [(&[&str], ImportFn); 13] = [
     (channel_norm::OPS, |im, cx| im.import_channel_norm(cx)),
     (resize::OPS, |im, cx| im.import_resize(cx)),
     (recurrent::OPS, |im, cx| im.import_recurrent(cx)),
+    (loss::OPS, |im, cx| im.import_loss(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete

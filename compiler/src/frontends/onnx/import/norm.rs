@@ -92,17 +92,8 @@ impl Importer<'_> {
                     let flat = [s[..ax].iter().product(), s[ax..].iter().product()];
                     (self.reshape(&self.fresh(name), x, &flat)?, vec![1])
                 };
-                let keep = |op| Op::Reduce { op, axes: axes.clone(), keep_dims: true };
-                let m = self.tmp(name, keep(ReduceOp::Max), vec![src])?;
-                let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![src, m])?;
-                let e = self.tmp(name, Op::Unary(UnaryOp::Exp), vec![d])?;
-                let sum = self.tmp(name, keep(ReduceOp::Sum), vec![e])?;
-                let l = self.tmp(name, Op::Unary(UnaryOp::Log), vec![sum])?;
-                if src == x {
-                    return one(self.push(name, Op::Binary(BinaryOp::Sub), vec![d, l])?);
-                }
-                let y = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![d, l])?;
-                one(self.reshape(name, y, &s)?)
+                let y = self.log_softmax(name, src, axes)?;
+                one(if src == x { y } else { self.reshape(name, y, &s)? })
             }
             // x / √(mean(x²) + eps) · scale over axes ax.. (opset 23), as LayerNormalization.
             // SimplifiedLayerNormalization: onnxruntime's name for the same norm (its Llama-style
@@ -387,6 +378,18 @@ impl Importer<'_> {
 
     /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
     /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
+    /// `x - max - log Σ exp(x - max)` over `axes` (LogSoftmax; SoftmaxCrossEntropyLoss's
+    /// log-probabilities).
+    pub(super) fn log_softmax(&mut self, name: &str, x: ValueId, axes: Vec<usize>) -> R<ValueId> {
+        let keep = |op| Op::Reduce { op, axes: axes.clone(), keep_dims: true };
+        let m = self.tmp(name, keep(ReduceOp::Max), vec![x])?;
+        let d = self.tmp(name, Op::Binary(BinaryOp::Sub), vec![x, m])?;
+        let e = self.tmp(name, Op::Unary(UnaryOp::Exp), vec![d])?;
+        let sum = self.tmp(name, keep(ReduceOp::Sum), vec![e])?;
+        let l = self.tmp(name, Op::Unary(UnaryOp::Log), vec![sum])?;
+        self.tmp(name, Op::Binary(BinaryOp::Sub), vec![d, l])
+    }
+
     fn norm_rows(&mut self, name: &str, x: ValueId, s: &[usize], ax: usize) -> R<(ValueId, usize, bool)> {
         let last: usize = s[ax..].iter().product();
         if ax + 1 == s.len() {
