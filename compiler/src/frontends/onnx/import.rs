@@ -131,10 +131,12 @@ const FAMILIES: [(&[&str], ImportFn); 14] = [
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
 /// type; Constant, ConstantOfShape and Range build literals; If takes its known branch inline
-/// (`control.rs`); ReduceProd is computed by `lit.rs` where its input is known (as Sin and Cos
-/// are, with f64's libm, where theirs is: rotary and relative-position tables of positions that a
-/// bucket fixes; of run-time values they are kiln's `sin`/`cos`).
-const FOLDED: &[&str] = &["Constant", "ConstantOfShape", "If", "Range", "ReduceProd", "Shape", "Size"];
+/// (`control.rs`); EyeLike reads only its input's type; the window functions build literals of
+/// their known size. (Known inputs of any op fold in `lit.rs` first: Sin and Cos there with f64's
+/// libm, for rotary and relative-position tables of the positions a bucket fixes.)
+const FOLDED: &[&str] = &[
+    "BlackmanWindow", "Constant", "ConstantOfShape", "EyeLike", "HammingWindow", "HannWindow", "If", "Range", "Shape", "Size",
+];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
 /// `kiln onnx-ops`.
@@ -366,6 +368,20 @@ impl<'m> Importer<'m> {
                 }
                 return Ok(());
             }
+        }
+        // EyeLike: ones on the k-th diagonal of a matrix of its input's (concrete) shape.
+        if op == "EyeLike" {
+            let v = ins.first().cloned().flatten().ok_or_else(|| Fail::Invalid("no input".into()))?;
+            let s = self.shape(&v);
+            let &[rows, cols] = s.as_slice() else {
+                return Err(Fail::Invalid(format!("EyeLike of shape {s:?} (a matrix)")));
+            };
+            let k = at.int("k", 0);
+            let code = at.int("dtype", like_code(&v, self) as i64) as i32;
+            let elem = Elem::from_code(code).ok_or_else(|| Fail::Unsupported(format!("EyeLike to type {}", Elem::name_of(code))))?;
+            let vals = (0..rows * cols).map(|e| if (e % cols) as i64 - (e / cols) as i64 == k { 1.0 } else { 0.0 }).collect();
+            self.vals.insert(n.output[0].clone(), Val::Lit(Lit::of(elem, s, vals)));
+            return Ok(());
         }
         // Shape and Size come from the value's (concrete) type.
         if op == "Shape" || op == "Size" {

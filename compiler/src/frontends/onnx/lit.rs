@@ -311,6 +311,27 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             let fill = v.floats().first().copied().unwrap_or(0.0);
             one(Lit::of(v.elem, s, vec![fill; n]))
         }
+        // Window functions of `size` points: Σ (-1)^k a_k cos(2πkn/N), N = size (periodic) or
+        // size - 1 (symmetric); Hamming's a = 25/46, 21/46 as ONNX defines them.
+        "HannWindow" | "HammingWindow" | "BlackmanWindow" => {
+            let size = x(0)?.ints().first().copied().ok_or("a window without a size")?;
+            let n = usize::try_from(size).map_err(|_| format!("window size {size}"))?;
+            fold_numel(&[n], 0)?;
+            let denom = if at.int("periodic", 1) != 0 { n as f64 } else { n as f64 - 1.0 };
+            let a: &[f64] = match op {
+                "HannWindow" => &[0.5, 0.5],
+                "HammingWindow" => &[25.0 / 46.0, 21.0 / 46.0],
+                _ => &[0.42, 0.5, 0.08],
+            };
+            let v: Vec<f64> = (0..n)
+                .map(|i| {
+                    let t = 2.0 * std::f64::consts::PI * i as f64 / denom;
+                    a.iter().enumerate().map(|(k, &ak)| if k % 2 == 0 { ak } else { -ak } * (k as f64 * t).cos()).sum()
+                })
+                .collect();
+            let elem = Elem::from_code(at.int("output_datatype", 1) as i32).ok_or("window output_datatype")?;
+            one(Lit::of(elem, vec![n], v))
+        }
         "CumSum" => {
             let a = x(0)?;
             let ax = shape::axis(x(1)?.ints().first().copied().ok_or("CumSum without an axis")?, a.shape.len())?;

@@ -272,10 +272,10 @@ impl OnnxModel {
     pub fn shape_inputs(&self) -> Vec<bool> {
         let params = |op: &str| -> &'static [usize] {
             match op {
-                "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "Trilu" => &[1],
+                "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "CumProd" | "Trilu" => &[1],
                 "If" => &[0],
                 "Slice" => &[1, 2, 3, 4],
-                "ConstantOfShape" => &[0],
+                "ConstantOfShape" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => &[0],
                 "Range" => &[0, 1, 2],
                 "Clip" => &[1, 2],
                 "Pad" | "Resize" => &[1, 2, 3],

@@ -1,6 +1,6 @@
 //! Normalizations and reductions: Softmax, LogSoftmax, LayerNormalization (with its optional
-//! statistics), RMSNormalization, the Reduce family, ArgMax/ArgMin, and CumSum (as a triangular
-//! GEMM).
+//! statistics), RMSNormalization, the Reduce family, ArgMax/ArgMin, TopK, and CumSum (as a
+//! triangular GEMM).
 
 use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::DType;
@@ -12,7 +12,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Softmax", "LogSoftmax", "CumSum", "RMSNormalization", "SimplifiedLayerNormalization",
-    "ArgMax", "ArgMin", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
+    "ArgMax", "ArgMin", "Hardmax", "TopK", "CumProd", "ReduceProd", "LpNormalization", "MeanVarianceNormalization", "LayerNormalization", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare",
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
 ];
 
@@ -28,53 +28,21 @@ impl Importer<'_> {
             // A running sum along the axis as a product with a 0/1 triangular matrix (one GEMM;
             // kiln has no scan op): y[.., j] = Σ_i x[.., i]·T[i, j]. Integers go through f32,
             // exact while partial sums stay below 2^24 (position ids from a mask, as RoBERTa's
-            // export computes them). A literal input folds instead (lit.rs).
-            "CumSum" => {
+            // export computes them). CumProd is the same scan over logarithms (see
+            // `product_of`). A literal input folds instead (lit.rs).
+            "CumSum" | "CumProd" => {
                 let x0 = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s0 = self.shape(&Val::Node(x0));
-                let ax0 = shape::axis(cx.lit_of(1, "CumSum axis")?.ints().first().copied().ok_or(Fail::Invalid("CumSum without an axis".into()))?, s0.len())?;
-                // A vector scans as one row.
-                let final_name = name.to_string();
-                let (x, ax, out_name) = if s0.len() == 1 {
-                    (self.reshape(&self.fresh(name), x0, &[1, s0[0]])?, 1, self.fresh(name))
-                } else {
-                    (x0, ax0, name.to_string())
-                };
-                let name = out_name.as_str();
-                let s = self.shape(&Val::Node(x));
-                let r = s.len();
+                let ax = shape::axis(cx.lit_of(1, &format!("{op} axis"))?.ints().first().copied().ok_or(Fail::Invalid(format!("{op} without an axis")))?, s0.len())?;
                 let (exclusive, reverse) = (at.int("exclusive", 0) != 0, at.int("reverse", 0) != 0);
-                let n = s[ax];
-                let dt = self.dtype(&Val::Node(x));
-                let mut t = vec![0.0; n * n];
-                for i in 0..n {
-                    for j in 0..n {
-                        let before = if reverse { i > j } else { i < j };
-                        t[i * n + j] = if before || (i == j && !exclusive) { 1.0 } else { 0.0 };
-                    }
-                }
-                let tri = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, n], t)))?;
-                let mut perm: Vec<usize> = (0..r).collect();
-                perm.swap(ax, r - 1);
-                let mut v = x;
-                if ax != r - 1 {
-                    v = self.tmp(name, Op::Transpose { perm: perm.clone() }, vec![v])?;
-                }
-                v = self.cast_to(name, v, DType::F32)?;
-                let last = ax == r - 1 && dt == DType::F32;
-                let mm = if last { name.to_string() } else { self.fresh(name) };
-                let mut y = self.push(&mm, Op::MatMul { transpose_a: false, transpose_b: false }, vec![v, tri])?;
-                if dt != DType::F32 {
-                    let nm = if ax == r - 1 { name.to_string() } else { self.fresh(name) };
-                    y = self.push(&nm, Op::Cast { to: dt }, vec![y])?;
-                }
-                if ax != r - 1 {
-                    y = self.push(name, Op::Transpose { perm }, vec![y])?;
-                }
-                if s0.len() == 1 {
-                    y = self.reshape(&final_name, y, &s0)?;
-                }
-                one(y)
+                let dt = self.dtype(&Val::Node(x0));
+                let x = self.cast_to(name, x0, DType::F32)?;
+                let y = if op == "CumSum" {
+                    self.scan_sum(name, x, ax, exclusive, reverse)?
+                } else {
+                    self.product_of(name, x, &mut |me: &mut Self, v| me.scan_sum(name, v, ax, exclusive, reverse), !dt.is_float())?
+                };
+                one(self.cast_to(name, y, dt)?)
             }
             // x - max - log Σ exp(x - max), over the axis (before opset 13: over the input
             // flattened to 2-D at the axis, as Softmax).
@@ -160,10 +128,10 @@ impl Importer<'_> {
             // Min = -Max(-x), SumSquare = Sum(x²), L1 = Sum(|x|), L2 = √Sum(x²),
             // LogSum = log Sum(x), LogSumExp = log Sum(e^(x - m)) + m with m = Max(x).
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
-            | "ReduceLogSumExp" => {
+            | "ReduceLogSumExp" | "ReduceProd" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let dt = self.dtype(&Val::Node(x));
-                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean" | "ReduceMin") {
+                if !dt.is_float() && !matches!(op, "ReduceSum" | "ReduceMax" | "ReduceMean" | "ReduceMin" | "ReduceProd") {
                     return unsup(format!("{op} of integers"));
                 }
                 let r = self.shape(&Val::Node(x)).len();
@@ -190,6 +158,12 @@ impl Importer<'_> {
                 };
                 match op {
                     "ReduceSum" => one(red(self, name, ReduceOp::Sum, x, keep_dims)?),
+                    "ReduceProd" => {
+                        let xf = self.cast_to(name, x, DType::F32)?;
+                        let mut sum = |me: &mut Self, v: ValueId| red(me, &me.fresh(name), ReduceOp::Sum, v, keep_dims);
+                        let y = self.product_of(name, xf, &mut sum, !dt.is_float())?;
+                        one(self.cast_to(name, y, dt)?)
+                    }
                     "ReduceMean" => one(red(self, name, ReduceOp::Mean, x, keep_dims)?),
                     "ReduceMax" => one(red(self, name, ReduceOp::Max, x, keep_dims)?),
                     "ReduceMin" if !dt.is_float() => {
@@ -251,6 +225,50 @@ impl Importer<'_> {
                 };
                 let best = self.arg_max(name, v, ax, last, keep)?;
                 one(self.push(name, Op::Cast { to: DType::I64 }, vec![best])?)
+            }
+            // The k largest (or smallest) along the axis, in order, ties to the lower index: k
+            // rounds of a max and its first position (`arg_max`), that position then masked
+            // out. Integers go through f32 (exact below 2^24). k is known (a shape input).
+            "TopK" => {
+                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(x));
+                let r = s.len();
+                let ax = shape::axis(at.int("axis", -1), r)?;
+                let k = if opset < 10 { at.int("k", 0) } else { cx.lit_of(1, "TopK's K")?.ints().first().copied().unwrap_or(0) };
+                if k < 1 || k as usize > s[ax] {
+                    return Err(Fail::Invalid(format!("TopK k = {k} along an axis of {}", s[ax])));
+                }
+                let k = k as usize;
+                if k > 256 {
+                    return unsup(format!("TopK with k = {k} (kiln unrolls at most 256 rounds)"));
+                }
+                let dt = self.dtype(&Val::Node(x));
+                let mut v = self.cast_to(name, x, DType::F32)?;
+                let largest = at.int("largest", 1) != 0;
+                if !largest {
+                    v = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![v])?;
+                }
+                let pos = self.positions(name, s[ax], r - ax - 1)?;
+                let ninf = self.scalar(&self.fresh(name), f32::NEG_INFINITY, DType::F32)?;
+                let (mut vals, mut idxs) = (Vec::new(), Vec::new());
+                for round in 0..k {
+                    vals.push(self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: vec![ax], keep_dims: true }, vec![v])?);
+                    let at_best = self.arg_max(name, v, ax, false, true)?;
+                    idxs.push(at_best);
+                    if round + 1 < k {
+                        let hit = self.tmp(name, Op::Binary(BinaryOp::Eq), vec![pos, at_best])?;
+                        let hit = self.as_bool(&self.fresh(name), hit)?;
+                        v = self.tmp(name, Op::Where, vec![hit, ninf, v])?;
+                    }
+                }
+                let cat = |me: &mut Self, parts: Vec<ValueId>| if parts.len() == 1 { Ok(parts[0]) } else { me.tmp(name, Op::Concat { axis: ax }, parts) };
+                let mut values = cat(self, vals)?;
+                if !largest {
+                    values = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![values])?;
+                }
+                let values = self.cast_to(name, values, dt)?;
+                let indices = cat(self, idxs)?;
+                Ok(vec![values, self.tmp(name, Op::Cast { to: DType::I64 }, vec![indices])?])
             }
             // 1 at the first largest value along the axis, 0 elsewhere (before opset 13: of the
             // input flattened to 2-D at the axis, as Softmax).
@@ -376,8 +394,64 @@ impl Importer<'_> {
         self.reshape(name, y, &s)
     }
 
-    /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
-    /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
+    /// The running sum of f32 `x` along `ax` (ONNX CumSum's `exclusive` and `reverse`): `x`
+    /// times a 0/1 triangular matrix, the axis moved last and back (a vector as one row).
+    fn scan_sum(&mut self, name: &str, x: ValueId, ax: usize, exclusive: bool, reverse: bool) -> R<ValueId> {
+        let s = self.shape(&Val::Node(x));
+        if s.len() == 1 {
+            let row = self.reshape(&self.fresh(name), x, &[1, s[0]])?;
+            let y = self.scan_sum(name, row, 1, exclusive, reverse)?;
+            return self.reshape(&self.fresh(name), y, &s);
+        }
+        let r = s.len();
+        let n = s[ax];
+        let mut t = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                let before = if reverse { i > j } else { i < j };
+                t[i * n + j] = if before || (i == j && !exclusive) { 1.0 } else { 0.0 };
+            }
+        }
+        let tri = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, n], t)))?;
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(ax, r - 1);
+        let v = if ax != r - 1 { self.tmp(name, Op::Transpose { perm: perm.clone() }, vec![x])? } else { x };
+        let y = self.tmp(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![v, tri])?;
+        if ax != r - 1 {
+            return self.tmp(name, Op::Transpose { perm }, vec![y]);
+        }
+        Ok(y)
+    }
+
+    /// A product of f32 values as `sum` (a reduction or a scan) of logarithms: the magnitude
+    /// exp(Σ log|x|) (zeros counted apart, as log 1), the sign from the parity of the negatives,
+    /// 0 wherever a zero was taken. Relative error about 1e-7 per factor; `round` (integer
+    /// products) rounds to the nearest integer, exact while products stay near 2^16 or below.
+    pub(super) fn product_of(&mut self, name: &str, x: ValueId, sum: &mut dyn FnMut(&mut Self, ValueId) -> R<ValueId>, round: bool) -> R<ValueId> {
+        let (zero, half, one, two) = (self.k(name, 0.0, DType::F32)?, self.k(name, 0.5, DType::F32)?, self.k(name, 1.0, DType::F32)?, self.k(name, 2.0, DType::F32)?);
+        let is0 = self.bin(name, BinaryOp::Eq, x, zero)?;
+        let neg = self.bin(name, BinaryOp::Lt, x, zero)?;
+        let a = self.un(name, UnaryOp::Abs, x)?;
+        let a = self.bin(name, BinaryOp::Add, a, is0)?;
+        let l = self.un(name, UnaryOp::Log, a)?;
+        let (sl, sz, sn) = (sum(self, l)?, sum(self, is0)?, sum(self, neg)?);
+        let mag = self.un(name, UnaryOp::Exp, sl)?;
+        // sign = 1 - 2·(negatives mod 2)
+        let h = self.bin(name, BinaryOp::Mul, sn, half)?;
+        let fl = self.un(name, UnaryOp::Floor, h)?;
+        let f2 = self.bin(name, BinaryOp::Mul, fl, two)?;
+        let parity = self.bin(name, BinaryOp::Sub, sn, f2)?;
+        let p2 = self.bin(name, BinaryOp::Mul, parity, two)?;
+        let sign = self.bin(name, BinaryOp::Sub, one, p2)?;
+        let mut y = self.bin(name, BinaryOp::Mul, mag, sign)?;
+        if round {
+            y = self.un(name, UnaryOp::Round, y)?;
+        }
+        let any0 = self.bin(name, BinaryOp::Lt, half, sz)?;
+        let any0 = self.as_bool(&self.fresh(name), any0)?;
+        self.tmp(name, Op::Where, vec![any0, zero, y])
+    }
+
     /// `x - max - log Σ exp(x - max)` over `axes` (LogSoftmax; SoftmaxCrossEntropyLoss's
     /// log-probabilities).
     pub(super) fn log_softmax(&mut self, name: &str, x: ValueId, axes: Vec<usize>) -> R<ValueId> {
@@ -390,6 +464,8 @@ impl Importer<'_> {
         self.tmp(name, Op::Binary(BinaryOp::Sub), vec![d, l])
     }
 
+    /// A norm over axes `ax..` of `x` (shape `s`) as a norm over the last axis: x as
+    /// `[Π s[..ax], Π s[ax..]]` when ax is not already the last axis. (x, row length, reshaped).
     fn norm_rows(&mut self, name: &str, x: ValueId, s: &[usize], ax: usize) -> R<(ValueId, usize, bool)> {
         let last: usize = s[ax..].iter().product();
         if ax + 1 == s.len() {
