@@ -130,12 +130,12 @@ const FAMILIES: [(&[&str], ImportFn); 14] = [
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete
-/// type; Constant, ConstantOfShape and Range build literals; If takes its known branch inline
-/// (`control.rs`); EyeLike reads only its input's type; the window functions build literals of
+/// type; Constant, ConstantOfShape and Range build literals; If takes its known branch inline,
+/// Scan and counted Loops unroll (`control.rs`); EyeLike reads only its input's type; the window functions build literals of
 /// their known size. (Known inputs of any op fold in `lit.rs` first: Sin and Cos there with f64's
 /// libm, for rotary and relative-position tables of the positions a bucket fixes.)
 const FOLDED: &[&str] = &[
-    "BlackmanWindow", "Constant", "ConstantOfShape", "EyeLike", "HammingWindow", "HannWindow", "If", "Range", "Shape", "Size",
+    "BlackmanWindow", "Constant", "ConstantOfShape", "EyeLike", "HammingWindow", "HannWindow", "If", "Loop", "Range", "Scan", "Shape", "Size",
 ];
 
 /// Whether the importer knows `op` of the default domain (folded or as kiln ops), for
@@ -342,8 +342,13 @@ impl<'m> Importer<'m> {
             }));
         }
         let opset = self.m.opset;
-        if op == "If" && matches!(n.domain(), "" | "ai.onnx") {
-            return self.inline_if(n, &ins, at);
+        if matches!(n.domain(), "" | "ai.onnx") {
+            match op {
+                "If" => return self.inline_if(n, &ins, at),
+                "Scan" => return self.unroll_scan(n, &ins, at, opset),
+                "Loop" => return self.unroll_loop(n, &ins, at),
+                _ => {}
+            }
         }
         let contrib = match n.domain() {
             "" | "ai.onnx" => false,

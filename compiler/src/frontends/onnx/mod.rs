@@ -274,6 +274,7 @@ impl OnnxModel {
             match op {
                 "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "CumProd" | "Trilu" => &[1],
                 "If" => &[0],
+                "Loop" => &[0, 1],
                 "Slice" => &[1, 2, 3, 4],
                 "ConstantOfShape" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => &[0],
                 "Range" => &[0, 1, 2],
