@@ -2,7 +2,8 @@
 //! LpPool and the global pools.
 //!
 //! A window op is one kiln Gather (an im2col): the input as rows of channels, `[N·ΠS, C]`, plus
-//! one fill row that padding reads (0, or -inf for MaxPool), picked by constant ids
+//! one fill row that padding reads (0, or -inf for MaxPool; only where a tap reads padding),
+//! picked by constant ids
 //! `[N, ΠO, ΠK]` that [`Window`] computes from the geometry (strides, dilations, pads,
 //! `auto_pad`, `ceil_mode`, ConvTranspose's fractional stride). A Conv is then one GEMM per
 //! group against its weight rearranged at import to `[ΠK·C/G, M/G]`, the bias its epilogue; a
@@ -375,10 +376,16 @@ impl Importer<'_> {
         let Some(ids_len) = ids_len.filter(|_| table_rows < ID_LIMIT) else {
             return unsup(format!("a window op of {n}×{po} outputs × {pk} taps over {ps} positions (kiln gathers at most 2^26 taps from 2^24 rows)"));
         };
-        let dt = self.dtype(&Val::Node(x));
-        let f = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![fill as f64; c])))?;
-        let f = self.cast_to(name, f, dt)?;
-        let table = self.tmp(name, Op::Concat { axis: 0 }, vec![t, f])?;
+        // The fill row only where some tap reads padding (a copy of the whole input else).
+        let padded = (0..po).any(|of| (0..pk).any(|kf| win.read(of, kf).is_none()));
+        let table = if padded {
+            let dt = self.dtype(&Val::Node(x));
+            let f = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![fill as f64; c])))?;
+            let f = self.cast_to(name, f, dt)?;
+            self.tmp(name, Op::Concat { axis: 0 }, vec![t, f])?
+        } else {
+            t
+        };
         let mut ids = Vec::with_capacity(ids_len);
         for b in 0..n {
             for of in 0..po {
