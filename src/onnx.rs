@@ -26,9 +26,11 @@ pub fn run_model(model: &OnnxModel, inputs: &[HostTensor], kind: BackendKind) ->
         )));
     }
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
-    // Shape-tensor inputs are compiled in (this is a one-shot run of these very inputs).
+    // Shape-tensor inputs are compiled in (this is a one-shot run of these very inputs), and
+    // so are empty ones (kiln has no empty tensors: an empty input is a known literal, which
+    // reductions and concatenations take as ONNX defines them).
     let known: Vec<Option<HostTensor>> =
-        model.shape_inputs().iter().zip(inputs).map(|(&s, t)| s.then(|| t.clone())).collect();
+        model.shape_inputs().iter().zip(inputs).map(|(&s, t)| (s || t.shape.contains(&0)).then(|| t.clone())).collect();
     let graph = model.import_with(&shapes, &known)?;
     let weights = model.weights(&graph)?;
     let inputs: Vec<HostTensor> = inputs

@@ -273,6 +273,9 @@ impl<'m> Importer<'m> {
             Val::Node(id) => return Ok(*id),
             Val::Lit(l) => l,
         };
+        if l.shape.contains(&0) {
+            return unsup(format!("`{name}` of shape {:?} is empty (kiln has no empty tensors; an op that folds takes it)", l.shape));
+        }
         if l.weight {
             if let Some(&index) = self.weights.get(name) {
                 return self.push(name, Op::Weight { index }, vec![]);

@@ -516,7 +516,8 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
             let st = shape::strides(&a.shape);
             one(select(a, out, |o| o.iter().enumerate().map(|(d, &i)| (i % a.shape[d]) * st[d]).sum())?)
         }
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+        | "ReduceLogSumExp" => {
             let a = x(0)?;
             let axes_as_input = match op {
                 "ReduceSum" => opset >= 13,
@@ -545,8 +546,19 @@ pub fn fold(op: &str, ins: &[Option<&Lit>], at: &Attrs, opset: i64, dir: &std::p
                 .map(|xs| match op {
                     "ReduceSum" => xs.iter().sum(),
                     "ReduceMean" => xs.iter().sum::<f64>() / xs.len() as f64,
+                    // Over nothing: -inf / +inf, the type's least / greatest value (false / true).
+                    "ReduceMax" if xs.is_empty() && a.elem == Elem::Bool => 0.0,
+                    "ReduceMin" if xs.is_empty() && a.elem == Elem::Bool => 1.0,
                     "ReduceMax" => xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     "ReduceMin" => xs.iter().copied().fold(f64::INFINITY, f64::min),
+                    "ReduceL1" => xs.iter().map(|x| x.abs()).sum(),
+                    "ReduceL2" => xs.iter().map(|x| x * x).sum::<f64>().sqrt(),
+                    "ReduceSumSquare" => xs.iter().map(|x| x * x).sum(),
+                    "ReduceLogSum" => xs.iter().sum::<f64>().ln(),
+                    "ReduceLogSumExp" => {
+                        let m = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        if m.is_finite() { m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln() } else { xs.iter().map(|x| x.exp()).sum::<f64>().ln() }
+                    }
                     _ => xs.iter().product(),
                 })
                 .collect();
