@@ -5,8 +5,8 @@ test_data_set_0/{input,output}_K.pb): the window, channel-norm and resize ops of
 (a ResNet stem and block, MobileNet's depthwise and grouped convolutions, a decoder with
 transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding), and a
 decoder-style rotary embedding whose angles come from a run-time `position_ids` input (Sin and
-Cos of run-time values), and stacked recurrent layers (LSTM, GRU, RNN) over rows of different
-lengths.
+Cos of run-time values), stacked recurrent layers (LSTM, GRU, RNN) over rows of different
+lengths, and DFT / STFT.
 
 Weights are initializers (most above kiln's 64-element weight threshold, so they take the
 path real models take: rearranged at import into weights of their own).
@@ -236,12 +236,23 @@ def recurrent(out):
     write(out, "recurrent", m, {"x": rand(s, b, i), "sequence_lens": lens}, "rnn_h")
 
 
+def spectral(out):
+    """A real signal cut to 15 points and transformed one-sided, back to 15 real samples by the
+    inverse of a one-sided spectrum (odd length), then framed and Hann-windowed by STFT."""
+    m = Model()
+    t = m.op("DFT", ["x", m.init(np.array(15, np.int64))], axis=1, onesided=1)
+    t = m.op("DFT", [t, m.init(np.array(15, np.int64))], axis=1, inverse=1, onesided=1)
+    w = m.init((0.5 - 0.5 * np.cos(2 * np.pi * np.arange(6) / 6)).astype(np.float32))
+    t = m.op("STFT", [t, m.init(np.array(3, np.int64)), w])
+    write(out, "spectral", m, rand(2, 20, 1), t, opset=17)
+
+
 def main():
     if sys.argv[1] == "--resnet18":
         resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral):
         case(out)
 
 

@@ -30,6 +30,7 @@ mod recurrent;
 mod resize;
 mod rotary;
 mod scatter;
+mod spectral;
 
 /// Whether the importer knows `op` of domain `com.microsoft` (for `kiln onnx-ops`).
 pub fn supported_contrib(op: &str) -> bool {
@@ -113,7 +114,7 @@ fn given(ins: &[Option<Val>], k: usize) -> bool {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 15] = [
+const FAMILIES: [(&[&str], ImportFn); 16] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -129,6 +130,7 @@ const FAMILIES: [(&[&str], ImportFn); 15] = [
     (recurrent::OPS, |im, cx| im.import_recurrent(cx)),
     (loss::OPS, |im, cx| im.import_loss(cx)),
     (scatter::OPS, |im, cx| im.import_scatter(cx)),
+    (spectral::OPS, |im, cx| im.import_spectral(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete

@@ -275,6 +275,8 @@ impl OnnxModel {
                 "Reshape" | "Unsqueeze" | "Squeeze" | "Expand" | "Tile" | "Split" | "TopK" | "OneHot" | "Pow" | "CumSum" | "CumProd" | "Trilu" => &[1],
                 "If" => &[0],
                 "Loop" => &[0, 1],
+                "DFT" => &[1, 2],
+                "STFT" => &[1, 3],
                 "Slice" => &[1, 2, 3, 4],
                 "ConstantOfShape" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => &[0],
                 "Range" => &[0, 1, 2],
