@@ -6,7 +6,7 @@ test_data_set_0/{input,output}_K.pb): the window, channel-norm and resize ops of
 transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding), and a
 decoder-style rotary embedding whose angles come from a run-time `position_ids` input (Sin and
 Cos of run-time values), stacked recurrent layers (LSTM, GRU, RNN) over rows of different
-lengths, and DFT / STFT.
+lengths, DFT / STFT, and a dynamically quantized convolution block (ConvInteger).
 
 Weights are initializers (most above kiln's 64-element weight threshold, so they take the
 path real models take: rearranged at import into weights of their own).
@@ -73,16 +73,22 @@ def write(out, name, m, x, y, opset=21):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     model.graph.output[0].type.tensor_type.ClearField("shape")
+    save_case(out, name, model, feeds)
+
+
+def save_case(out, name, model, feeds):
+    """`model` (a ModelProto) and onnxruntime's outputs on `feeds` as OUT/<name>."""
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
     sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = sess.run(None, feeds)
+    got = sess.run(None, feeds)
     for k, (n, a) in enumerate(feeds.items()):
         with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
             f.write(numpy_helper.from_array(a, n).SerializeToString())
-    with open(os.path.join(d, "test_data_set_0", "output_0.pb"), "wb") as f:
-        f.write(numpy_helper.from_array(got).SerializeToString())
+    for k, a in enumerate(got):
+        with open(os.path.join(d, "test_data_set_0", f"output_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(a).SerializeToString())
 
 
 def resnet(out):
@@ -247,12 +253,24 @@ def spectral(out):
     write(out, "spectral", m, rand(2, 20, 1), t, opset=17)
 
 
+def quantized_conv(out):
+    """The MobileNet block through onnxruntime's quantize_dynamic: DynamicQuantizeLinear and
+    ConvInteger (uint8 weights) with the scales multiplied back."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = os.path.join(out, "mobilenet_block", "model.onnx")
+    dst = os.path.join(out, "quantized_conv.onnx")
+    quantize_dynamic(src, dst, op_types_to_quantize=["Conv"], weight_type=QuantType.QUInt8)
+    save_case(out, "quantized_conv", onnx.load(dst), {"x": rand(1, 8, 21, 19)})
+    os.remove(dst)
+
+
 def main():
     if sys.argv[1] == "--resnet18":
         resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral, quantized_conv):
         case(out)
 
 

@@ -1,6 +1,6 @@
 //! The parametric and piecewise activations (LeakyRelu, PRelu, Elu, Selu, Celu, HardSigmoid,
 //! HardSwish, Softsign, ThresholdedRelu, Shrink, Mish, Swish), IsInf, Mean, Tan and the
-//! hyperbolic functions (Sinh, Cosh, Asinh, Acosh, Atanh, from exp, log and sqrt), each written
+//! hyperbolic functions (Sinh, Cosh, Asinh, Acosh, Atanh, from exp, log and sqrt), SwiGLU, each written
 //! over kiln's elementwise ops as ONNX defines it (comparisons pick the branch with `Where`),
 //! so the elementwise fusion takes them like any other chain. The plain activations kiln has
 //! ops for (Relu, Sigmoid, Tanh, Gelu, Softplus, ...) are in `elementwise.rs`.
@@ -13,7 +13,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Celu", "Elu", "HardSigmoid", "HardSwish", "IsInf", "LeakyRelu", "Mean", "Mish", "PRelu", "Selu", "Shrink", "Softsign", "Swish",
-    "ThresholdedRelu", "Tan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+    "ThresholdedRelu", "Tan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "SwiGLU",
 ];
 
 impl Importer<'_> {
@@ -154,11 +154,21 @@ impl Importer<'_> {
                 let t = self.un(name, UnaryOp::Tanh, sp)?;
                 self.bin(name, Mul, x, t)?
             }
-            "Swish" => {
+            // x·σ(alpha·x); SwiGLU (opset 28): that of A, times B (same shape, no broadcast).
+            "Swish" | "SwiGLU" => {
                 let a = self.k(name, at.float("alpha", 1.0), dt)?;
                 let ax = self.bin(name, Mul, x, a)?;
                 let s = self.un(name, UnaryOp::Sigmoid, ax)?;
-                self.bin(name, Mul, x, s)?
+                let sw = self.bin(name, Mul, x, s)?;
+                if op == "Swish" {
+                    sw
+                } else {
+                    let b = self.node(&cx.iname(1), &cx.inp(1)?)?;
+                    if self.shape(&Val::Node(b)) != self.shape(&Val::Node(x)) {
+                        return Err(Fail::Invalid(format!("SwiGLU of shapes {:?} and {:?} (equal, no broadcast)", self.shape(&Val::Node(x)), self.shape(&Val::Node(b)))));
+                    }
+                    self.bin(name, Mul, sw, b)?
+                }
             }
             // |x| = inf, for the signs asked for (a bool).
             "IsInf" => {

@@ -25,7 +25,7 @@ use super::{given, one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
-    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
+    "Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
 ];
 
 /// Gather ids are exact in f32 below this (kiln's constants are f32).
@@ -277,11 +277,28 @@ impl Importer<'_> {
         let (n, c, s) = (xs[0], xs[1], xs[2..].to_vec());
         let d = s.len();
         match op {
-            "Conv" | "ConvTranspose" => {
-                if !dt.is_float() {
+            "Conv" | "ConvTranspose" | "ConvInteger" => {
+                // ConvInteger: (x - x_zero) ⋆ (w - w_zero) with integers held in f32 (exact
+                // below 2^24), an int32 result; pads read x_zero, 0 once centred.
+                let (x, w) = if op == "ConvInteger" {
+                    let xz = self.opt_f32(name, ins.get(2).cloned().flatten(), &cx.iname(2))?;
+                    let xf = self.cast_to(name, x, DType::F32)?;
+                    let xc = match xz {
+                        Some(z) if self.shape(&Val::Node(z)).iter().product::<usize>() == 1 => {
+                            let z = self.reshape(&self.fresh(name), z, &[])?;
+                            self.bin(name, BinaryOp::Sub, xf, z)?
+                        }
+                        Some(z) => return unsup(format!("ConvInteger with an x_zero_point of shape {:?}", self.shape(&Val::Node(z)))),
+                        None => xf,
+                    };
+                    (xc, self.centered_conv_weight(cx, ins.get(3).cloned().flatten())?)
+                } else if !dt.is_float() {
                     return unsup(format!("{op} of {dt}"));
-                }
-                let w = cx.inp(1)?;
+                } else {
+                    (x, cx.inp(1)?)
+                };
+                let dt = if op == "ConvInteger" { DType::F32 } else { dt };
+                let wop = if op == "ConvInteger" { "Conv" } else { op };
                 let ws = self.shape(&w);
                 let g = usize::try_from(at.int("group", 1)).ok().filter(|&g| g >= 1).ok_or_else(|| Fail::Invalid(format!("group {}", at.int("group", 1))))?;
                 if ws.len() != xs.len() || ws[2..].contains(&0) {
@@ -294,18 +311,18 @@ impl Importer<'_> {
                     }
                 }
                 // Conv's weight is [M, C/G, K..]; ConvTranspose's [C, M/G, K..].
-                let (cg, mg) = if op == "Conv" { (ws[1], ws[0] / g) } else { (ws[0] / g, ws[1]) };
-                if c != cg * g || (op == "Conv" && !ws[0].is_multiple_of(g)) || (op == "ConvTranspose" && ws[0] != c) {
+                let (cg, mg) = if wop == "Conv" { (ws[1], ws[0] / g) } else { (ws[0] / g, ws[1]) };
+                if c != cg * g || (wop == "Conv" && !ws[0].is_multiple_of(g)) || (wop == "ConvTranspose" && ws[0] != c) {
                     return Err(Fail::Invalid(format!("weight of shape {ws:?} for {c} input channels in {g} groups")));
                 }
                 let m = mg * g;
-                let win = if op == "Conv" { Window::forward(at, &s, &k, false)?.0 } else { Window::backward(at, &s, &k)? };
+                let win = if wop == "Conv" { Window::forward(at, &s, &k, false)?.0 } else { Window::backward(at, &s, &k)? };
                 let rows = self.windows(name, x, &win, n, c, 0.0)?;
                 let pk = win.taps_per_output();
                 // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G].
-                let (view, perm) = if op == "Conv" { ([g, mg, cg, pk], [0, 3, 2, 1]) } else { ([g, cg, mg, pk], [0, 3, 1, 2]) };
+                let (view, perm) = if wop == "Conv" { ([g, mg, cg, pk], [0, 3, 2, 1]) } else { ([g, cg, mg, pk], [0, 3, 1, 2]) };
                 let wt = self.window_weight(name, &cx.iname(1), &w, view, perm, op)?;
-                let bias = if given(ins, 2) {
+                let bias = if op != "ConvInteger" && given(ins, 2) {
                     let b = self.node(&cx.iname(2), &cx.inp(2)?)?;
                     Some(self.norm_channel(name, b, m, dt, "bias")?)
                 } else {
@@ -313,7 +330,8 @@ impl Importer<'_> {
                 };
                 let y = self.window_gemm(name, rows, wt, bias, n * win.outputs(), pk, g, cg, mg)?;
                 let y = self.reshape(&self.fresh(name), y, &[n, win.outputs(), m])?;
-                one(self.channels_first(name, y, n, m, &win.o)?)
+                let y = self.channels_first(name, y, n, m, &win.o)?;
+                one(if op == "ConvInteger" { self.cast_to(name, y, DType::I32)? } else { y })
             }
             "MaxPool" | "AveragePool" | "LpPool" => {
                 let k = pool_kernel(at, d)?;
@@ -426,6 +444,43 @@ impl Importer<'_> {
                 let v = self.reshape(&self.fresh(name), *id, &view)?;
                 let v = self.tmp(name, Op::Transpose { perm: perm.to_vec() }, vec![v])?;
                 self.reshape(&self.fresh(name), v, &to)
+            }
+        }
+    }
+
+    /// ConvInteger's weight minus its zero point (per tensor or per output channel), in f32: a
+    /// known weight as a literal (rearranged like any Conv weight after), one computed at run
+    /// time by graph ops.
+    fn centered_conv_weight(&mut self, cx: &NodeCx, zero: Option<Val>) -> R<Val> {
+        let w = cx.inp(1)?;
+        let ws = self.shape(&w);
+        let m = ws.first().copied().unwrap_or(0);
+        let per = |zn: usize| zn == 1 || zn == m;
+        match (&w, &zero) {
+            (Val::Lit(l), None | Some(Val::Lit(_))) => {
+                let l = self.lit(&cx.iname(1), l)?;
+                let z = match &zero {
+                    Some(Val::Lit(z)) if per(z.numel()) => z.ints(),
+                    Some(Val::Lit(z)) => return Err(Fail::Invalid(format!("w_zero_point of shape {:?} for {m} output channels", z.shape))),
+                    _ => vec![0],
+                };
+                let inner = l.numel() / m.max(1);
+                let v: Vec<f64> = l.ints().iter().enumerate().map(|(i, &q)| (q - z[if z.len() == 1 { 0 } else { i / inner }]) as f64).collect();
+                let mut c = Lit::of(Elem::F32, ws, v);
+                c.weight = l.weight;
+                Ok(Val::Lit(c))
+            }
+            _ => {
+                let wn = self.node(&cx.iname(1), &w)?;
+                let wf = self.cast_to(cx.name, wn, DType::F32)?;
+                let Some(z) = self.opt_f32(cx.name, zero, &cx.iname(3))? else { return Ok(Val::Node(wf)) };
+                let zn = self.shape(&Val::Node(z)).iter().product::<usize>();
+                if !per(zn) {
+                    return Err(Fail::Invalid(format!("w_zero_point of {zn} values for {m} output channels")));
+                }
+                let zs: Vec<usize> = std::iter::once(zn).chain(std::iter::repeat_n(1, ws.len() - 1)).collect();
+                let z = self.reshape(&self.fresh(cx.name), z, &zs)?;
+                Ok(Val::Node(self.bin(cx.name, BinaryOp::Sub, wf, z)?))
             }
         }
     }

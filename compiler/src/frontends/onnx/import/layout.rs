@@ -1,5 +1,5 @@
 //! Layout ops: the reshapes (Reshape, Flatten, Squeeze, Unsqueeze), Transpose, Concat, Slice,
-//! Split, Expand, Tile, Pad, Trilu, DepthToSpace and SpaceToDepth.
+//! Split, Expand, Tile, Pad, Trilu, DepthToSpace, SpaceToDepth and CenterCropPad.
 
 use kiln_runtime::graph::{BinaryOp, Dim, Op, ValueId};
 use kiln_runtime::DType;
@@ -11,7 +11,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Trilu", "Unsqueeze", "Squeeze", "Flatten", "Reshape", "Transpose", "Concat", "Slice", "Split",
-    "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth",
+    "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth", "CenterCropPad",
 ];
 
 impl Importer<'_> {
@@ -152,6 +152,47 @@ impl Importer<'_> {
                 let v = self.reshape(&self.fresh(name), x, &view)?;
                 let v = self.tmp(name, Op::Transpose { perm: perm.to_vec() }, vec![v])?;
                 one(self.reshape(name, v, &out)?)
+            }
+            // Each listed axis cut or zero-padded to its target, centred (the odd one at the end).
+            "CenterCropPad" => {
+                let mut y = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let s = self.shape(&Val::Node(y));
+                let r = s.len();
+                let target = cx.lit_of(1, "CenterCropPad's shape")?.ints();
+                let axes: Vec<usize> = match at.ints("axes") {
+                    Some(a) => a.iter().map(|&v| shape::axis(v, r)).collect::<Result<_, _>>()?,
+                    None => (0..r).collect(),
+                };
+                if target.len() != axes.len() || target.iter().any(|&t| t < 1) {
+                    return Err(Fail::Invalid(format!("CenterCropPad to {target:?} over axes {axes:?}")));
+                }
+                let dt = self.dtype(&Val::Node(y));
+                for (&a, &t) in axes.iter().zip(&target) {
+                    let (dim, t) = (self.shape(&Val::Node(y))[a], t as usize);
+                    if t < dim {
+                        let start = (dim - t) / 2;
+                        y = self.tmp(name, Op::Slice { axis: a, start, end: Dim::Fixed(start + t) }, vec![y])?;
+                    } else if t > dim {
+                        let before = (t - dim) / 2;
+                        let mut parts = Vec::new();
+                        for (k, len) in [(0, before), (1, 0), (2, t - dim - before)] {
+                            if k == 1 {
+                                parts.push(y);
+                                continue;
+                            }
+                            if len == 0 {
+                                continue;
+                            }
+                            let mut zs = self.shape(&Val::Node(y));
+                            zs[a] = len;
+                            let n: usize = zs.iter().product();
+                            let z = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, zs, vec![0.0; n])))?;
+                            parts.push(self.cast_to(name, z, dt)?);
+                        }
+                        y = self.tmp(name, Op::Concat { axis: a }, parts)?;
+                    }
+                }
+                one(self.reshape(name, y, &self.shape(&Val::Node(y)))?)
             }
             "Trilu" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;

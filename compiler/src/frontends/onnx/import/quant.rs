@@ -583,7 +583,7 @@ impl Importer<'_> {
     }
 
     /// An optional zero point as an f32 graph value.
-    fn opt_f32(&mut self, name: &str, v: Option<Val>, vname: &str) -> R<Option<ValueId>> {
+    pub(super) fn opt_f32(&mut self, name: &str, v: Option<Val>, vname: &str) -> R<Option<ValueId>> {
         let Some(v) = v else { return Ok(None) };
         let id = self.node(vname, &v)?;
         Ok(Some(self.cast_to(name, id, DType::F32)?))
