@@ -6,7 +6,8 @@ test_data_set_0/{input,output}_K.pb): the window, channel-norm and resize ops of
 transposed convolutions and resizes, 1-D and 3-D convolutions, a ViT patch embedding), and a
 decoder-style rotary embedding whose angles come from a run-time `position_ids` input (Sin and
 Cos of run-time values), stacked recurrent layers (LSTM, GRU, RNN) over rows of different
-lengths, DFT / STFT, and a dynamically quantized convolution block (ConvInteger).
+lengths, DFT / STFT, and convolution blocks quantized dynamically (ConvInteger) and statically
+(QLinearConv).
 
 Weights are initializers (most above kiln's 64-element weight threshold, so they take the
 path real models take: rearranged at import into weights of their own).
@@ -265,12 +266,34 @@ def quantized_conv(out):
     os.remove(dst)
 
 
+def static_quantized_conv(out):
+    """The ResNet block's convolutions and residual add through onnxruntime's quantize_static,
+    QOperator format (QLinearConv, com.microsoft QLinearAdd, QuantizeLinear / DequantizeLinear
+    around them), calibrated on four inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([{"x": rand(2, 3, 32, 32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    src = os.path.join(out, "resnet_block", "model.onnx")
+    dst = os.path.join(out, "static_quantized_conv.onnx")
+    # Conv and Add only: kiln has no QGemm / QLinearGlobalAveragePool (com.microsoft) yet.
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    op_types_to_quantize=["Conv", "Add"])
+    save_case(out, "static_quantized_conv", onnx.load(dst), {"x": rand(2, 3, 32, 32)})
+    os.remove(dst)
+
+
 def main():
     if sys.argv[1] == "--resnet18":
         resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral, quantized_conv):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral, quantized_conv, static_quantized_conv):
         case(out)
 
 

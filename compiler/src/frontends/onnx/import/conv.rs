@@ -25,7 +25,7 @@ use super::{given, one, unsup, Fail, Importer, NodeCx, Val, R};
 
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
-    "Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
+    "Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
 ];
 
 /// Gather ids are exact in f32 below this (kiln's constants are f32).
@@ -277,28 +277,35 @@ impl Importer<'_> {
         let (n, c, s) = (xs[0], xs[1], xs[2..].to_vec());
         let d = s.len();
         match op {
-            "Conv" | "ConvTranspose" | "ConvInteger" => {
+            "Conv" | "ConvTranspose" | "ConvInteger" | "QLinearConv" => {
                 // ConvInteger: (x - x_zero) ⋆ (w - w_zero) with integers held in f32 (exact
-                // below 2^24), an int32 result; pads read x_zero, 0 once centred.
-                let (x, w) = if op == "ConvInteger" {
-                    let xz = self.opt_f32(name, ins.get(2).cloned().flatten(), &cx.iname(2))?;
+                // below 2^24), an int32 result; pads read x_zero, 0 once centred. QLinearConv:
+                // the same plus its int32 bias, requantized by x_scale·w_scale / y_scale (per
+                // output channel where w_scale is) as onnxruntime does: in f32, rounded half to
+                // even, plus y_zero, saturated.
+                let quantized = matches!(op, "ConvInteger" | "QLinearConv");
+                // Input positions: x zero, w, w zero, bias.
+                let (xz_at, w_at, wz_at, b_at) = if op == "QLinearConv" { (2, 3, 5, 8) } else { (2, 1, 3, 2) };
+                let (x, w) = if quantized {
+                    let xz = self.opt_f32(name, ins.get(xz_at).cloned().flatten(), &cx.iname(xz_at))?;
                     let xf = self.cast_to(name, x, DType::F32)?;
                     let xc = match xz {
                         Some(z) if self.shape(&Val::Node(z)).iter().product::<usize>() == 1 => {
                             let z = self.reshape(&self.fresh(name), z, &[])?;
                             self.bin(name, BinaryOp::Sub, xf, z)?
                         }
-                        Some(z) => return unsup(format!("ConvInteger with an x_zero_point of shape {:?}", self.shape(&Val::Node(z)))),
+                        Some(z) => return unsup(format!("{op} with an x_zero_point of shape {:?}", self.shape(&Val::Node(z)))),
                         None => xf,
                     };
-                    (xc, self.centered_conv_weight(cx, ins.get(3).cloned().flatten())?)
+                    (xc, self.centered_conv_weight(cx, w_at, ins.get(wz_at).cloned().flatten())?)
                 } else if !dt.is_float() {
                     return unsup(format!("{op} of {dt}"));
                 } else {
                     (x, cx.inp(1)?)
                 };
-                let dt = if op == "ConvInteger" { DType::F32 } else { dt };
-                let wop = if op == "ConvInteger" { "Conv" } else { op };
+                let out_dt = dt;
+                let dt = if quantized { DType::F32 } else { dt };
+                let wop = if quantized { "Conv" } else { op };
                 let ws = self.shape(&w);
                 let g = usize::try_from(at.int("group", 1)).ok().filter(|&g| g >= 1).ok_or_else(|| Fail::Invalid(format!("group {}", at.int("group", 1))))?;
                 if ws.len() != xs.len() || ws[2..].contains(&0) {
@@ -321,9 +328,9 @@ impl Importer<'_> {
                 let pk = win.taps_per_output();
                 // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G].
                 let (view, perm) = if wop == "Conv" { ([g, mg, cg, pk], [0, 3, 2, 1]) } else { ([g, cg, mg, pk], [0, 3, 1, 2]) };
-                let wt = self.window_weight(name, &cx.iname(1), &w, view, perm, op)?;
-                let bias = if op != "ConvInteger" && given(ins, 2) {
-                    let b = self.node(&cx.iname(2), &cx.inp(2)?)?;
+                let wt = self.window_weight(name, &cx.iname(w_at), &w, view, perm, op)?;
+                let bias = if op != "ConvInteger" && given(ins, b_at) {
+                    let b = self.node(&cx.iname(b_at), &cx.inp(b_at)?)?;
                     Some(self.norm_channel(name, b, m, dt, "bias")?)
                 } else {
                     None
@@ -331,7 +338,36 @@ impl Importer<'_> {
                 let y = self.window_gemm(name, rows, wt, bias, n * win.outputs(), pk, g, cg, mg)?;
                 let y = self.reshape(&self.fresh(name), y, &[n, win.outputs(), m])?;
                 let y = self.channels_first(name, y, n, m, &win.o)?;
-                one(if op == "ConvInteger" { self.cast_to(name, y, DType::I32)? } else { y })
+                match op {
+                    "ConvInteger" => one(self.cast_to(name, y, DType::I32)?),
+                    "QLinearConv" => {
+                        let scale = |me: &mut Self, k: usize| -> R<ValueId> {
+                            let v = me.node(&cx.iname(k), &cx.inp(k)?)?;
+                            me.cast_to(name, v, DType::F32)
+                        };
+                        let (xs_, ws_, ys_) = (scale(self, 1)?, scale(self, 4)?, scale(self, 6)?);
+                        let wn = self.shape(&Val::Node(ws_)).iter().product::<usize>();
+                        if wn != 1 && wn != m {
+                            return Err(Fail::Invalid(format!("w_scale of {wn} values for {m} output channels")));
+                        }
+                        let per: Vec<usize> = std::iter::once(wn).chain(std::iter::repeat_n(1, d)).collect();
+                        let ws_ = self.reshape(&self.fresh(name), ws_, &per)?;
+                        let xs1 = self.reshape(&self.fresh(name), xs_, &[])?;
+                        let ys1 = self.reshape(&self.fresh(name), ys_, &[])?;
+                        let xw = self.f32_op(name, BinaryOp::Mul, xs1, ws_)?;
+                        let mult = self.f32_op(name, BinaryOp::Div, xw, ys1)?;
+                        let v = self.f32_op(name, BinaryOp::Mul, y, mult)?;
+                        let zero = self.opt_f32(name, ins.get(7).cloned().flatten(), &cx.iname(7))?;
+                        let zero = match zero {
+                            Some(z) => Some(self.reshape(&self.fresh(name), z, &[])?),
+                            None => None,
+                        };
+                        let range = super::quant::out_range(self.elem_at(cx.n, ins, 7), &super::Attrs::new(&[]))?;
+                        let q = self.requantize(name, v, zero, range)?;
+                        one(self.cast_to(name, q, out_dt)?)
+                    }
+                    _ => one(y),
+                }
             }
             "MaxPool" | "AveragePool" | "LpPool" => {
                 let k = pool_kernel(at, d)?;
@@ -451,14 +487,14 @@ impl Importer<'_> {
     /// ConvInteger's weight minus its zero point (per tensor or per output channel), in f32: a
     /// known weight as a literal (rearranged like any Conv weight after), one computed at run
     /// time by graph ops.
-    fn centered_conv_weight(&mut self, cx: &NodeCx, zero: Option<Val>) -> R<Val> {
-        let w = cx.inp(1)?;
+    fn centered_conv_weight(&mut self, cx: &NodeCx, w_at: usize, zero: Option<Val>) -> R<Val> {
+        let w = cx.inp(w_at)?;
         let ws = self.shape(&w);
         let m = ws.first().copied().unwrap_or(0);
         let per = |zn: usize| zn == 1 || zn == m;
         match (&w, &zero) {
             (Val::Lit(l), None | Some(Val::Lit(_))) => {
-                let l = self.lit(&cx.iname(1), l)?;
+                let l = self.lit(&cx.iname(w_at), l)?;
                 let z = match &zero {
                     Some(Val::Lit(z)) if per(z.numel()) => z.ints(),
                     Some(Val::Lit(z)) => return Err(Fail::Invalid(format!("w_zero_point of shape {:?} for {m} output channels", z.shape))),
@@ -471,9 +507,9 @@ impl Importer<'_> {
                 Ok(Val::Lit(c))
             }
             _ => {
-                let wn = self.node(&cx.iname(1), &w)?;
+                let wn = self.node(&cx.iname(w_at), &w)?;
                 let wf = self.cast_to(cx.name, wn, DType::F32)?;
-                let Some(z) = self.opt_f32(cx.name, zero, &cx.iname(3))? else { return Ok(Val::Node(wf)) };
+                let Some(z) = self.opt_f32(cx.name, zero, &cx.iname(w_at + 2))? else { return Ok(Val::Node(wf)) };
                 let zn = self.shape(&Val::Node(z)).iter().product::<usize>();
                 if !per(zn) {
                     return Err(Fail::Invalid(format!("w_zero_point of {zn} values for {m} output channels")));

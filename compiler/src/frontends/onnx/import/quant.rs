@@ -36,7 +36,7 @@ pub(super) const CONTRIB_OPS: &[&str] = &[
 /// The saturation bounds of a node's quantized output type: its zero point's type `zero`
 /// where there is one, else `output_dtype` (QuantizeLinear, opset 21 on), else uint8 (ONNX's
 /// default).
-fn out_range(zero: Option<Elem>, at: &Attrs) -> R<(f32, f32)> {
+pub(super) fn out_range(zero: Option<Elem>, at: &Attrs) -> R<(f32, f32)> {
     let by_attr = match at.int("output_dtype", 0) {
         0 => None,
         c => Some(Elem::from_code(c as i32).ok_or_else(|| Fail::Unsupported(format!("quantized type {}", Elem::name_of(c as i32))))?),
@@ -509,7 +509,7 @@ impl Importer<'_> {
 
     /// `a op b` in f32, the result cast to f32 explicitly so the f64 reference backend rounds
     /// it as an f32 backend does (see `requantize`).
-    fn f32_op(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+    pub(super) fn f32_op(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
         let v = self.tmp(name, Op::Binary(op), vec![a, b])?;
         self.tmp(name, Op::Cast { to: DType::F32 }, vec![v])
     }
@@ -532,7 +532,7 @@ impl Importer<'_> {
     /// f64 reference backend round what it rounds from the f32 value too (ONNX defines these
     /// ops on f32 tensors; an f64 quotient can land on a tie, -127.5, that the f32 one,
     /// -127.49999, misses, and one step of the result would differ).
-    fn requantize(&mut self, name: &str, v: ValueId, zero: Option<ValueId>, range: (f32, f32)) -> R<ValueId> {
+    pub(super) fn requantize(&mut self, name: &str, v: ValueId, zero: Option<ValueId>, range: (f32, f32)) -> R<ValueId> {
         let v = self.tmp(name, Op::Cast { to: DType::F32 }, vec![v])?;
         let mut v = self.tmp(name, Op::Unary(UnaryOp::Round), vec![v])?;
         if let Some(z) = zero {
