@@ -214,8 +214,8 @@ fn contrib_ops_match_onnxruntime() {
 /// clip, a run-time sequence_lens) feeding a reverse GRU and a Relu RNN, and a chain of DFTs (a
 /// truncating one-sided transform, the real inverse of odd length) and a windowed STFT, and the
 /// MobileNet block dynamically quantized by onnxruntime (DynamicQuantizeLinear + ConvInteger) and
-/// the ResNet block statically (QLinearConv, QLinearAdd), on the reference and CPU backends against
-/// onnxruntime.
+/// the ResNet block statically (QLinearConv, QLinearAdd, QLinearGlobalAveragePool, QGemm), on the
+/// reference and CPU backends against onnxruntime.
 #[test]
 fn vision_and_rotary_models_match_onnxruntime() {
     if !ready("onnx, onnxruntime, numpy") {

@@ -30,7 +30,8 @@ pub(super) const OPS: &[&str] = &["DequantizeLinear", "DynamicQuantizeLinear", "
 
 /// The `com.microsoft` ops this file imports.
 pub(super) const CONTRIB_OPS: &[&str] = &[
-    "DynamicQuantizeMatMul", "GatherBlockQuantized", "MatMulBnb4", "MatMulIntegerToFloat", "MatMulNBits", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
+    "DynamicQuantizeMatMul", "GatherBlockQuantized", "MatMulBnb4", "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool",
+    "QLinearMul", "QLinearSoftmax",
 ];
 
 /// The saturation bounds of a node's quantized output type: its zero point's type `zero`
@@ -457,6 +458,72 @@ impl Importer<'_> {
                 let ids = self.node(&iname(1), &inp(1)?)?;
                 let g = self.gather_axis(&self.fresh(name), w, &ws, ga, ids, true)?;
                 one(self.cast_to(name, g, scales.elem.dtype())?)
+            }
+            // alpha·(A - a_zero)(B - b_zero) + C, C an int32 bias of scale a_scale·b_scale, times
+            // a_scale·b_scale (b_scale per column where given so): requantized by y_scale where
+            // there is one (onnxruntime's quantizer writes it for Gemm), f32 out otherwise.
+            "QGemm" => {
+                let (ta, tb) = (at.int("transA", 0) != 0, at.int("transB", 0) != 0);
+                let a = self.node(&iname(0), &inp(0)?)?;
+                let mut a = self.centered(name, a, ins.get(2).cloned().flatten(), &iname(2))?;
+                if ta {
+                    a = self.tmp(name, Op::Transpose { perm: vec![1, 0] }, vec![a])?;
+                }
+                let (bname, b) = match (tb, inp(3)?) {
+                    (true, Val::Lit(l)) => {
+                        let l = self.lit(&iname(3), &l)?;
+                        (format!("{}.T", iname(3)), Val::Lit(super::super::lit::transpose(&l, &[1, 0]).map_err(Fail::Invalid)?))
+                    }
+                    (true, Val::Node(id)) => (iname(3), Val::Node(self.tmp(name, Op::Transpose { perm: vec![1, 0] }, vec![id])?)),
+                    (false, v) => (iname(3), v),
+                };
+                let b = self.integer_rhs(bname, b, ins.get(5).cloned().flatten(), iname(5), name)?;
+                let mut acc = self.integer_matmul(&self.fresh(name), a, b)?;
+                if given(ins, 6) {
+                    let c = self.node(&iname(6), &inp(6)?)?;
+                    let c = self.cast_to(name, c, DType::F32)?;
+                    acc = self.tmp(name, Op::Binary(BinaryOp::Add), vec![acc, c])?;
+                }
+                let (sa, sb) = (self.shape(&Val::Node(a)), self.shape(&Val::Node(b)));
+                let a_scale = self.operand_scale(name, &iname(1), inp(1)?, &sa, true)?;
+                let b_scale = self.operand_scale(name, &iname(4), inp(4)?, &sb, false)?;
+                let mut ab = self.f32_op(name, BinaryOp::Mul, a_scale, b_scale)?;
+                let alpha = at.float("alpha", 1.0);
+                if alpha != 1.0 {
+                    let k = self.scalar(&self.fresh(name), alpha, DType::F32)?;
+                    ab = self.f32_op(name, BinaryOp::Mul, ab, k)?;
+                }
+                if !given(ins, 7) {
+                    return one(self.push(name, Op::Binary(BinaryOp::Mul), vec![acc, ab])?);
+                }
+                let range = out_range(self.elem_at(n, ins, 8), &Attrs::new(&[]))?;
+                let ys = self.per_tensor(name, &iname(7), inp(7)?, op)?;
+                let mult = self.f32_op(name, BinaryOp::Div, ab, ys)?;
+                let v = self.f32_op(name, BinaryOp::Mul, acc, mult)?;
+                let zero = self.opt_f32(name, ins.get(8).cloned().flatten(), &iname(8))?;
+                one(self.requantize(name, v, zero, range)?)
+            }
+            // Σ (x - x_zero) over the spatial dims, times (x_scale / y_scale) / N, requantized.
+            "QLinearGlobalAveragePool" => {
+                if at.int("channels_last", 0) != 0 {
+                    return unsup("QLinearGlobalAveragePool with channels_last");
+                }
+                let range = out_range(self.elem_at(n, ins, 4).or(self.elem_at(n, ins, 0)), &Attrs::new(&[]))?;
+                let x = self.node(&iname(0), &inp(0)?)?;
+                let xsh = self.shape(&Val::Node(x));
+                if xsh.len() < 3 {
+                    return Err(Fail::Invalid(format!("QLinearGlobalAveragePool of shape {xsh:?}")));
+                }
+                let x = self.centered(name, x, ins.get(2).cloned().flatten(), &iname(2))?;
+                let sum = self.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes: (2..xsh.len()).collect(), keep_dims: true }, vec![x])?;
+                let xs = self.per_tensor(name, &iname(1), inp(1)?, op)?;
+                let ys = self.per_tensor(name, &iname(3), inp(3)?, op)?;
+                let ratio = self.f32_op(name, BinaryOp::Div, xs, ys)?;
+                let count = self.scalar(&self.fresh(name), xsh[2..].iter().product::<usize>() as f32, DType::F32)?;
+                let mult = self.f32_op(name, BinaryOp::Div, ratio, count)?;
+                let v = self.f32_op(name, BinaryOp::Mul, sum, mult)?;
+                let zero = self.opt_f32(name, ins.get(4).cloned().flatten(), &iname(4))?;
+                one(self.requantize(name, v, zero, range)?)
             }
             "QLinearSoftmax" => {
                 let range = out_range(self.elem_at(n, ins, 4).or(self.elem_at(n, ins, 2)), &Attrs::new(&[]))?;
