@@ -72,6 +72,9 @@ impl Importer<'_> {
         let x = if batch_major { self.tmp(name, Op::Transpose { perm: vec![1, 0, 2] }, vec![x])? } else { x };
         let (s, b, input) = if batch_major { (xs[1], xs[0], xs[2]) } else { (xs[0], xs[1], xs[2]) };
         let hidden = usize::try_from(at.int("hidden_size", 0)).ok().filter(|&h| h > 0).ok_or_else(|| Fail::Invalid("no positive hidden_size".into()))?;
+        if s > 4096 {
+            return unsup(format!("{op} over {s} steps (kiln unrolls at most 4096)"));
+        }
         let direction = at.string("direction").unwrap_or_else(|| "forward".into());
         let dirs = match direction.as_str() {
             "forward" | "reverse" => 1,

@@ -7,7 +7,7 @@
 //! the rows no update hits and takes `M·updates` in the others, `add` adds `M·updates`; `mul`,
 //! `max` and `min` reduce the matching updates of each row over `[R, U, W]` (rows no update
 //! hits keep their data). kiln has no scatter kernel: as a GEMM every backend runs it, at
-//! `R·U` of work, refused past 2^26.
+//! `R·U` of work (`R·U·W` reducing by mul/max/min), refused past 2^24.
 
 use kiln_runtime::graph::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 use kiln_runtime::DType;
@@ -90,8 +90,11 @@ impl Importer<'_> {
             let off = self.bin(name, BinaryOp::Mul, idx, k)?;
             (ds.iter().product::<usize>(), 1, count, self.bin(name, BinaryOp::Add, base, off)?)
         };
-        if rows.checked_mul(count).is_none_or(|v| v > 1 << 26) || rows >= 1 << 24 {
-            return unsup(format!("{op} of {count} updates into {rows} rows (kiln's match matrix takes at most 2^26 entries)"));
+        // The match matrix (and, reducing by mul/max/min, the matches times the row width) is a
+        // run-time tensor: at most 2^24 entries (64 MiB of f32).
+        let entries = rows.checked_mul(count).and_then(|v| if matches!(reduction.as_str(), "none" | "add") { Some(v) } else { v.checked_mul(width) });
+        if entries.is_none_or(|v| v > 1 << 24) || rows >= 1 << 24 {
+            return unsup(format!("{op} of {count} updates into {rows} rows of {width} (kiln's match tensor takes at most 2^24 entries)"));
         }
         // M[r, u] = (f[u] == r), [R, U] in f32.
         let rowpos = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![rows, 1], (0..rows).map(|r| r as f64).collect())))?;

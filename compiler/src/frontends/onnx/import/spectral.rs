@@ -16,8 +16,11 @@ use super::{given, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &["DFT", "STFT"];
 
-/// Points a transform may have at most (its tables are n·K f32 constants).
+/// Points a transform may have at most.
 const MAX_POINTS: usize = 1 << 13;
+
+/// Entries of each of a transform's two tables at most (n·K f32 constants: 16 MiB).
+const MAX_TABLE: usize = 1 << 22;
 
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
@@ -118,6 +121,9 @@ impl Importer<'_> {
         let re = part(self, 0)?;
         let im = if complex { Some(part(self, 1)?) } else { None };
         let bins = if real_inverse { len } else if onesided { len / 2 + 1 } else { len };
+        if used * bins > MAX_TABLE {
+            return unsup(format!("a DFT of {len} points over {used} (its {used}×{bins} tables; kiln's take at most 2^22 entries)"));
+        }
         let scale = if inverse { 1.0 / len as f64 } else { 1.0 };
         // cos and sin tables [used, bins], scaled (irfft: doubled bins).
         let table = |me: &mut Self, sin: bool| -> R<ValueId> {
