@@ -21,6 +21,7 @@ mod control;
 mod conv;
 mod elementwise;
 mod gather;
+mod grid;
 mod layout;
 mod linalg;
 mod loss;
@@ -114,7 +115,7 @@ fn given(ins: &[Option<Val>], k: usize) -> bool {
 type ImportFn = for<'a, 'b, 'c, 'd> fn(&'a mut Importer<'b>, &'c NodeCx<'d>) -> R<Vec<ValueId>>;
 
 /// Each op file's ops and its import function.
-const FAMILIES: [(&[&str], ImportFn); 16] = [
+const FAMILIES: [(&[&str], ImportFn); 17] = [
     (elementwise::OPS, |im, cx| im.import_elementwise(cx)),
     (linalg::OPS, |im, cx| im.import_linalg(cx)),
     (norm::OPS, |im, cx| im.import_norm(cx)),
@@ -131,6 +132,7 @@ const FAMILIES: [(&[&str], ImportFn); 16] = [
     (loss::OPS, |im, cx| im.import_loss(cx)),
     (scatter::OPS, |im, cx| im.import_scatter(cx)),
     (spectral::OPS, |im, cx| im.import_spectral(cx)),
+    (grid::OPS, |im, cx| im.import_grid(cx)),
 ];
 
 /// Ops that only fold at import, so they are not kiln ops: Shape and Size read a value's concrete

@@ -56,8 +56,12 @@ fn select(x: &Lit, out_shape: Vec<usize>, map: impl Fn(&[usize]) -> usize) -> R<
     Ok(Lit { elem: x.elem, shape: out_shape, data, weight: x.weight })
 }
 
-/// `x` with its dims permuted (`perm` checked by the caller, as [`shape::perm`] does).
+/// `x` with its dims permuted by `perm` (an error unless a permutation of its rank).
 pub(super) fn transpose(x: &Lit, perm: &[usize]) -> R<Lit> {
+    let mut seen = vec![false; x.shape.len()];
+    if perm.len() != x.shape.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
+        return Err(format!("a permutation {perm:?} of a rank-{} value", x.shape.len()));
+    }
     let st = shape::strides(&x.shape);
     let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     select(x, out, |o| o.iter().zip(perm).map(|(&i, &p)| i * st[p]).sum())

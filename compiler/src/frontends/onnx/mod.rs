@@ -276,7 +276,7 @@ impl OnnxModel {
                 "If" => &[0],
                 "Loop" => &[0, 1],
                 "DFT" => &[1, 2],
-                "CenterCropPad" => &[1],
+                "CenterCropPad" | "AffineGrid" => &[1],
                 "STFT" => &[1, 3],
                 "Slice" => &[1, 2, 3, 4],
                 "ConstantOfShape" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => &[0],

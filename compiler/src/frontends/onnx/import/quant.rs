@@ -466,6 +466,10 @@ impl Importer<'_> {
                 let (ta, tb) = (at.int("transA", 0) != 0, at.int("transB", 0) != 0);
                 let a = self.node(&iname(0), &inp(0)?)?;
                 let mut a = self.centered(name, a, ins.get(2).cloned().flatten(), &iname(2))?;
+                let bs = self.shape(&inp(3)?);
+                if bs.len() != 2 || self.shape(&Val::Node(a)).len() != 2 {
+                    return Err(Fail::Invalid(format!("QGemm of A {:?} and B {bs:?} (matrices)", self.shape(&Val::Node(a)))));
+                }
                 if ta {
                     a = self.tmp(name, Op::Transpose { perm: vec![1, 0] }, vec![a])?;
                 }
