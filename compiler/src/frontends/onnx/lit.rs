@@ -664,3 +664,21 @@ impl Lit {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A permutation of the wrong length or with a repeated or out-of-range axis is an error (a
+    /// QGemm with `transB` of a rank-1 B reached here with [1, 0] and indexed past the shape).
+    #[test]
+    fn transpose_checks_its_permutation() {
+        let m = Lit::of(Elem::F32, vec![2, 3], (0..6).map(f64::from).collect());
+        assert_eq!(transpose(&m, &[1, 0]).unwrap().floats(), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let v = Lit::of(Elem::F32, vec![3], vec![1.0, 2.0, 3.0]);
+        for perm in [&[1, 0][..], &[0, 0], &[2, 0], &[]] {
+            let on = if perm.len() == 2 && perm != [1, 0] { &m } else { &v };
+            assert!(transpose(on, perm).is_err(), "{perm:?}");
+        }
+    }
+}
