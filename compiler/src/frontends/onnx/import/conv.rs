@@ -308,7 +308,7 @@ impl Importer<'_> {
                 let wop = if quantized { "Conv" } else { op };
                 let ws = self.shape(&w);
                 let g = usize::try_from(at.int("group", 1)).ok().filter(|&g| g >= 1).ok_or_else(|| Fail::Invalid(format!("group {}", at.int("group", 1))))?;
-                if ws.len() != xs.len() || ws[2..].contains(&0) {
+                if ws.len() != xs.len() || ws.contains(&0) {
                     return Err(Fail::Invalid(format!("weight of shape {ws:?} for an input of shape {xs:?}")));
                 }
                 let k = ws[2..].to_vec();
@@ -490,7 +490,10 @@ impl Importer<'_> {
     fn centered_conv_weight(&mut self, cx: &NodeCx, w_at: usize, zero: Option<Val>) -> R<Val> {
         let w = cx.inp(w_at)?;
         let ws = self.shape(&w);
-        let m = ws.first().copied().unwrap_or(0);
+        if ws.len() < 3 || ws.contains(&0) {
+            return Err(Fail::Invalid(format!("weight of shape {ws:?} (it takes [M, C/G, kernel..])")));
+        }
+        let m = ws[0];
         let per = |zn: usize| zn == 1 || zn == m;
         match (&w, &zero) {
             (Val::Lit(l), None | Some(Val::Lit(_))) => {

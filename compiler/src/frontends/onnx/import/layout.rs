@@ -136,7 +136,7 @@ impl Importer<'_> {
             "DepthToSpace" | "SpaceToDepth" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(x));
-                let b = usize::try_from(at.int("blocksize", 0)).ok().filter(|&b| b >= 1).ok_or_else(|| Fail::Invalid("no positive blocksize".into()))?;
+                let b = usize::try_from(at.int("blocksize", 0)).ok().filter(|&b| (1..=1 << 16).contains(&b)).ok_or_else(|| Fail::Invalid(format!("blocksize {}", at.int("blocksize", 0))))?;
                 let mode = at.string("mode").unwrap_or_else(|| "DCR".into());
                 let &[n, c, h, w] = s.as_slice() else {
                     return Err(Fail::Invalid(format!("{op} of shape {s:?} (it takes [N, C, H, W])")));
@@ -163,7 +163,7 @@ impl Importer<'_> {
                     Some(a) => a.iter().map(|&v| shape::axis(v, r)).collect::<Result<_, _>>()?,
                     None => (0..r).collect(),
                 };
-                if target.len() != axes.len() || target.iter().any(|&t| t < 1) {
+                if target.len() != axes.len() || target.iter().any(|&t| !(1..=1 << 24).contains(&t)) {
                     return Err(Fail::Invalid(format!("CenterCropPad to {target:?} over axes {axes:?}")));
                 }
                 let dt = self.dtype(&Val::Node(y));
@@ -185,7 +185,7 @@ impl Importer<'_> {
                             }
                             let mut zs = self.shape(&Val::Node(y));
                             zs[a] = len;
-                            let n: usize = zs.iter().product();
+                            let n = super::super::lit::fold_numel(&zs, 0).map_err(Fail::Invalid)?;
                             let z = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, zs, vec![0.0; n])))?;
                             parts.push(self.cast_to(name, z, dt)?);
                         }

@@ -124,6 +124,10 @@ fn axis_taps(kernel: Kernel, mode: &str, scale: f64, input: usize, output: usize
         };
         taps.extrapolated.push(mode == "tf_crop_and_resize" && (x < 0.0 || x > iw - 1.0));
         let ratio = if x == x.floor() { 1.0 } else { x - x.floor() };
+        // An antialiased kernel spans about 1/scale inputs: refused past 2^12 taps.
+        if matches!(kernel, Kernel::Linear { antialias: true } | Kernel::Cubic { antialias: true, .. }) && scale < 1.0 / 1024.0 {
+            return unsup(format!("an antialiased Resize by {scale} (more than 2^12 taps per output)"));
+        }
         let mut c = kernel.coeffs(ratio, scale);
         let n = c.len();
         taps.n = n;
