@@ -1,10 +1,9 @@
-//! Sliding windows over `[N, C, spatial..]` values: Conv, ConvTranspose, MaxPool, AveragePool,
-//! LpPool and the global pools.
+//! Sliding windows over `[N, C, spatial..]` values: Conv, ConvTranspose, the integer
+//! ConvInteger and QLinearConv, MaxPool, AveragePool, LpPool and the global pools.
 //!
 //! A window op is one kiln Gather (an im2col): the input as rows of channels, `[N·ΠS, C]`, plus
 //! one fill row that padding reads (0, or -inf for MaxPool; only where a tap reads padding),
-//! picked by constant ids
-//! `[N, ΠO, ΠK]` that [`Window`] computes from the geometry (strides, dilations, pads,
+//! picked by constant ids `[N, ΠO, ΠK]` that [`Window`] computes from the geometry (strides, dilations, pads,
 //! `auto_pad`, `ceil_mode`, ConvTranspose's fractional stride). A Conv is then one GEMM per
 //! group against its weight rearranged at import to `[ΠK·C/G, M/G]`, the bias its epilogue; a
 //! pool is a Reduce over the window axis.

@@ -1,7 +1,8 @@
 //! Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
 //! QLinearMatMul, and the `com.microsoft` ops onnxruntime's quantizers and its session
-//! optimizer write (MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearAdd, QLinearMul,
-//! QLinearSoftmax, MatMulNBits).
+//! optimizer write (MatMulIntegerToFloat, DynamicQuantizeMatMul, QGemm, QLinearAdd, QLinearMul,
+//! QLinearSoftmax, QLinearGlobalAveragePool, and the weight-only MatMulNBits, MatMulBnb4 and
+//! GatherBlockQuantized). ConvInteger and QLinearConv are in `conv.rs`.
 //!
 //! kiln has no 8- or 16-bit integer type: a quantized value is an integer held in f32 (exact
 //! up to 2^24), so a QDQ pair on an activation is the elementwise chain
