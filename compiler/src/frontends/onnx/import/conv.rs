@@ -392,7 +392,49 @@ impl Importer<'_> {
                     _ => self.lp(name, rows, vec![2], at.int("p", 2), false)?,
                 };
                 let y = self.channels_first(name, y, n, c, &win.o)?;
-                one(self.cast_to(name, y, dt)?)
+                let y = self.cast_to(name, y, dt)?;
+                let wants_indices = op == "MaxPool" && cx.n.output.get(1).is_some_and(|o| !o.is_empty() && self.m.is_used(o));
+                if !wants_indices {
+                    return one(y);
+                }
+                // Indices: the first largest tap of each window, mapped to its input position
+                // (a [ΠO·ΠK] table), flattened over N, C and the spatial dims (row-major, or
+                // column-major over the spatial dims with storage_order 1).
+                let col_major = at.int("storage_order", 0) != 0;
+                let ps: usize = s.iter().product();
+                if n * c * ps >= 1 << 24 {
+                    return unsup(format!("MaxPool indices over {} elements (exact in f32 below 2^24)", n * c * ps));
+                }
+                let (po, pk) = (win.outputs(), win.taps_per_output());
+                let sst = super::super::shape::strides(&s);
+                let table: Vec<f64> = (0..po * pk)
+                    .map(|e| {
+                        let p = win.read(e / pk, e % pk).unwrap_or(0);
+                        if !col_major {
+                            return p as f64;
+                        }
+                        // Row-major position p as column-major.
+                        let (mut rem, mut flat, mut stride) = (p, 0, 1);
+                        let idx: Vec<usize> = (0..d).map(|j| { let v = rem / sst[j]; rem %= sst[j]; v }).collect();
+                        for j in 0..d {
+                            flat += idx[j] * stride;
+                            stride *= s[j];
+                        }
+                        flat as f64
+                    })
+                    .collect();
+                let table = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![po * pk, 1], table)))?;
+                let best = self.arg_max(name, rows, 2, false, false)?;
+                let offs = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![po, 1], (0..po).map(|o| (o * pk) as f64).collect())))?;
+                let at_tab = self.bin(name, BinaryOp::Add, best, offs)?;
+                let ids = self.tmp(name, Op::Cast { to: DType::I32 }, vec![at_tab])?;
+                let pos = self.tmp(name, Op::Gather, vec![table, ids])?;
+                let pos = self.reshape(&self.fresh(name), pos, &[n, po, c])?;
+                let plane: Vec<f64> = (0..n * c).map(|e| (e * ps) as f64).collect();
+                let plane = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, 1, c], plane)))?;
+                let flat = self.bin(name, BinaryOp::Add, pos, plane)?;
+                let flat = self.channels_first(&self.fresh(name), flat, n, c, &win.o)?;
+                Ok(vec![y, self.tmp(name, Op::Cast { to: DType::I64 }, vec![flat])?])
             }
             _ => {
                 // The global pools: one window over every spatial position.

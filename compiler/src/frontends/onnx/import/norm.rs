@@ -340,7 +340,7 @@ impl Importer<'_> {
     /// `ax`, NaN counting as largest as numpy's argmax has it: m = max(v), then the smallest
     /// (largest) position where v == m or v is NaN, found as a Max over positions counted so
     /// that a Max finds it (i for the last, n - 1 - i for the first) and -1 elsewhere.
-    fn arg_max(&mut self, name: &str, v: ValueId, ax: usize, last: bool, keep: bool) -> R<ValueId> {
+    pub(super) fn arg_max(&mut self, name: &str, v: ValueId, ax: usize, last: bool, keep: bool) -> R<ValueId> {
         let s = self.shape(&Val::Node(v));
         let n = s[ax];
         if n == 0 {
