@@ -243,6 +243,24 @@ def recurrent(out):
     write(out, "recurrent", m, {"x": rand(s, b, i), "sequence_lens": lens}, "rnn_h")
 
 
+def recurrent_activations(out):
+    """RNNs chained through the parametric activations (LeakyRelu, HardSigmoid, Elu,
+    ThresholdedRelu, Softsign, Affine) with their alpha and beta given or defaulted."""
+    m = Model()
+    t, width = "x", 3
+    for i, (act, alpha, beta) in enumerate([("LeakyRelu", [0.2], None), ("HardSigmoid", [0.3], [0.4]), ("Elu", None, None),
+                                           ("ThresholdedRelu", [0.1], None), ("Softsign", None, None), ("Affine", [0.5], [0.1])]):
+        kw = dict(hidden_size=5, activations=[act])
+        if alpha:
+            kw["activation_alpha"] = alpha
+        if beta:
+            kw["activation_beta"] = beta
+        y = f"rnn{i}_y"
+        m.nodes.append(helper.make_node("RNN", [t, m.init(rand(1, 5, width, scale=0.5)), m.init(rand(1, 5, 5, scale=0.5))], [y], name=f"rnn{i}", **kw))
+        t, width = m.op("Squeeze", [y, m.init(np.array([1], np.int64))]), 5
+    write(out, "recurrent_activations", m, rand(4, 2, 3), t, opset=17)
+
+
 def spectral(out):
     """A real signal cut to 15 points and transformed one-sided, back to 15 real samples by the
     inverse of a one-sided spectrum (odd length), then framed and Hann-windowed by STFT."""
@@ -291,7 +309,7 @@ def main():
         resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
-    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, spectral, quantized_conv, static_quantized_conv):
+    for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, recurrent_activations, spectral, quantized_conv, static_quantized_conv):
         case(out)
 
 

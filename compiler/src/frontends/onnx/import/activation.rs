@@ -213,7 +213,7 @@ impl Importer<'_> {
     }
 
     /// `x < t ? below : otherwise`, elementwise.
-    pub(super) fn pick_below(&mut self, name: &str, x: ValueId, t: f32, below: ValueId, otherwise: ValueId) -> R<ValueId> {
+    fn pick_below(&mut self, name: &str, x: ValueId, t: f32, below: ValueId, otherwise: ValueId) -> R<ValueId> {
         let dt = self.dtype(&Val::Node(x));
         let t = self.k(name, t, dt)?;
         let c = self.bin(name, BinaryOp::Lt, x, t)?;

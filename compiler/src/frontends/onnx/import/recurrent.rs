@@ -12,6 +12,7 @@
 use kiln_runtime::graph::{BinaryOp, Dim, Op, UnaryOp, ValueId};
 use kiln_runtime::DType;
 
+use super::super::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
 use super::super::tensor::{Elem, Lit};
 use super::{given, unsup, Fail, Importer, NodeCx, Val, R};
 
@@ -341,10 +342,11 @@ impl Importer<'_> {
     }
 
     /// `a(x)` for one of the recurrent layers' activation functions, `x` first clipped to
-    /// `d.clip` where there is one.
+    /// `d.clip` where there is one. The ones that are ONNX ops are imported as those ops are
+    /// (`activation.rs`, with `a`'s alpha and beta as their attributes, defaults where absent);
+    /// Affine and ScaledTanh, which left the op set, are written here.
     fn rnn_act(&mut self, name: &str, d: &Dir, a: &Act, x: ValueId) -> R<ValueId> {
-        let or = |v: f32, d: f32| if v.is_nan() { d } else { v };
-        use BinaryOp::{Add, Lt, Max, Min, Mul};
+        use BinaryOp::{Add, Max, Min, Mul};
         let x = match d.clip {
             Some(c) => {
                 let (lo, hi) = (self.k(name, -c, DType::F32)?, self.k(name, c, DType::F32)?);
@@ -353,71 +355,43 @@ impl Importer<'_> {
             }
             None => x,
         };
+        let as_op = |k: &str| match k {
+            "leakyrelu" => Some("LeakyRelu"),
+            "thresholdedrelu" => Some("ThresholdedRelu"),
+            "hardsigmoid" => Some("HardSigmoid"),
+            "elu" => Some("Elu"),
+            "softsign" => Some("Softsign"),
+            _ => None,
+        };
         Ok(match a.kind.as_str() {
             "sigmoid" => self.un(name, UnaryOp::Sigmoid, x)?,
             "tanh" => self.un(name, UnaryOp::Tanh, x)?,
             "relu" => self.un(name, UnaryOp::Relu, x)?,
             "softplus" => self.un(name, UnaryOp::Softplus, x)?,
-            "softsign" => {
-                let ab = self.un(name, UnaryOp::Abs, x)?;
-                let one = self.k(name, 1.0, DType::F32)?;
-                let d = self.bin(name, Add, ab, one)?;
-                self.bin(name, BinaryOp::Div, x, d)?
-            }
-            "affine" | "scaledtanh" | "hardsigmoid" | "leakyrelu" | "thresholdedrelu" | "elu" => {
-                let (alpha, beta) = match a.kind.as_str() {
-                    "hardsigmoid" => (or(a.alpha, 0.2), or(a.beta, 0.5)),
-                    "leakyrelu" => (or(a.alpha, 0.01), 0.0),
-                    "thresholdedrelu" | "elu" => (or(a.alpha, 1.0), 0.0),
-                    _ => (or(a.alpha, 1.0), or(a.beta, 0.0)),
-                };
-                let ka = self.k(name, alpha, DType::F32)?;
-                match a.kind.as_str() {
+            "affine" | "scaledtanh" => {
+                let (alpha, beta) = (if a.alpha.is_nan() { 1.0 } else { a.alpha }, if a.beta.is_nan() { 0.0 } else { a.beta });
+                let (ka, kb) = (self.k(name, alpha, DType::F32)?, self.k(name, beta, DType::F32)?);
+                if a.kind == "affine" {
                     // alpha·x + beta
-                    "affine" => {
-                        let ax = self.bin(name, Mul, x, ka)?;
-                        let kb = self.k(name, beta, DType::F32)?;
-                        self.bin(name, Add, ax, kb)?
-                    }
+                    let ax = self.bin(name, Mul, x, ka)?;
+                    self.bin(name, Add, ax, kb)?
+                } else {
                     // alpha·tanh(beta·x)
-                    "scaledtanh" => {
-                        let kb = self.k(name, beta, DType::F32)?;
-                        let bx = self.bin(name, Mul, x, kb)?;
-                        let t = self.un(name, UnaryOp::Tanh, bx)?;
-                        self.bin(name, Mul, t, ka)?
-                    }
-                    // clamp(alpha·x + beta, 0, 1)
-                    "hardsigmoid" => {
-                        let ax = self.bin(name, Mul, x, ka)?;
-                        let kb = self.k(name, beta, DType::F32)?;
-                        let v = self.bin(name, Add, ax, kb)?;
-                        let (zero, one) = (self.k(name, 0.0, DType::F32)?, self.k(name, 1.0, DType::F32)?);
-                        let v = self.bin(name, Max, v, zero)?;
-                        self.bin(name, Min, v, one)?
-                    }
-                    // x < 0 ? alpha·x : x
-                    "leakyrelu" => {
-                        let ax = self.bin(name, Mul, x, ka)?;
-                        self.pick_below(name, x, 0.0, ax, x)?
-                    }
-                    // x > alpha ? x : 0
-                    "thresholdedrelu" => {
-                        let gt = self.bin(name, Lt, ka, x)?;
-                        let gt = self.as_bool(&self.fresh(name), gt)?;
-                        let zero = self.k(name, 0.0, DType::F32)?;
-                        self.tmp(name, Op::Where, vec![gt, x, zero])?
-                    }
-                    // x < 0 ? alpha·(e^x - 1) : x
-                    _ => {
-                        let e = self.un(name, UnaryOp::Exp, x)?;
-                        let one = self.k(name, 1.0, DType::F32)?;
-                        let em1 = self.bin(name, BinaryOp::Sub, e, one)?;
-                        let neg = self.bin(name, Mul, em1, ka)?;
-                        self.pick_below(name, x, 0.0, neg, x)?
-                    }
+                    let bx = self.bin(name, Mul, x, kb)?;
+                    let t = self.un(name, UnaryOp::Tanh, bx)?;
+                    self.bin(name, Mul, t, ka)?
                 }
             }
-            k => return unsup(format!("recurrent activation `{k}`")),
+            k => {
+                let Some(op) = as_op(k) else { return unsup(format!("recurrent activation `{k}`")) };
+                let float = |n: &str, v: f32| AttributeProto { name: Some(n.into()), f: Some(v), r#type: Some(AttributeType::Float as i32), ..Default::default() };
+                let attrs: Vec<AttributeProto> = [("alpha", a.alpha), ("beta", a.beta)].into_iter().filter(|(_, v)| !v.is_nan()).map(|(n, v)| float(n, v)).collect();
+                let at = super::Attrs::new(&attrs);
+                let node = NodeProto::default();
+                let ins = [Some(Val::Node(x))];
+                let cx = NodeCx { op, name, n: &node, ins: &ins, at: &at, opset: 22 };
+                self.import_activation(&cx)?[0]
+            }
         })
     }
 }
