@@ -457,12 +457,9 @@ impl Importer<'_> {
     /// The windows of `x` (`[N, C, spatial..]`) as `[N, ΠO, ΠK, C]`: one Gather from the input's
     /// channel rows plus a `fill` row for the taps that read padding.
     fn windows(&mut self, name: &str, x: ValueId, win: &Window, n: usize, c: usize, fill: f32) -> R<ValueId> {
-        let r = win.s.len() + 2;
         let ps: usize = win.s.iter().product();
         let (po, pk) = (win.outputs(), win.taps_per_output());
-        let perm: Vec<usize> = std::iter::once(0).chain(2..r).chain(std::iter::once(1)).collect();
-        let t = if c == 1 { x } else { self.tmp(name, Op::Transpose { perm }, vec![x])? };
-        let t = self.reshape(&self.fresh(name), t, &[n * ps, c])?;
+        let t = self.channel_rows(name, x)?;
         if win.is_identity() {
             return self.reshape(&self.fresh(name), t, &[n, po, 1, c]);
         }
@@ -473,14 +470,7 @@ impl Importer<'_> {
         };
         // The fill row only where some tap reads padding (a copy of the whole input else).
         let padded = (0..po).any(|of| (0..pk).any(|kf| win.read(of, kf).is_none()));
-        let table = if padded {
-            let dt = self.dtype(&Val::Node(x));
-            let f = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![fill as f64; c])))?;
-            let f = self.cast_to(name, f, dt)?;
-            self.tmp(name, Op::Concat { axis: 0 }, vec![t, f])?
-        } else {
-            t
-        };
+        let table = if padded { self.with_fill_row(name, t, fill)? } else { t };
         let mut ids = Vec::with_capacity(ids_len);
         for b in 0..n {
             for of in 0..po {
@@ -493,6 +483,25 @@ impl Importer<'_> {
         let ids = Lit { elem: Elem::I32, ..Lit::int(vec![n, po, pk], ids) };
         let ids = self.node(&self.fresh(name), &Val::Lit(ids))?;
         self.tmp(name, Op::Gather, vec![table, ids])
+    }
+
+    /// `x` (`[N, C, spatial..]`) as rows of channels, `[N·ΠS, C]`: the table window ops and
+    /// GridSample gather from.
+    pub(super) fn channel_rows(&mut self, name: &str, x: ValueId) -> R<ValueId> {
+        let xs = self.shape(&Val::Node(x));
+        let (r, c) = (xs.len(), xs[1]);
+        let rows: usize = xs.iter().product::<usize>() / c;
+        let perm: Vec<usize> = std::iter::once(0).chain(2..r).chain(std::iter::once(1)).collect();
+        let t = if c == 1 { x } else { self.tmp(name, Op::Transpose { perm }, vec![x])? };
+        self.reshape(&self.fresh(name), t, &[rows, c])
+    }
+
+    /// `rows` (`[R, C]`) followed by one row of `fill`, what out-of-range taps read.
+    pub(super) fn with_fill_row(&mut self, name: &str, rows: ValueId, fill: f32) -> R<ValueId> {
+        let c = self.shape(&Val::Node(rows))[1];
+        let f = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![fill as f64; c])))?;
+        let f = self.cast_to(name, f, self.dtype(&Val::Node(rows)))?;
+        self.tmp(name, Op::Concat { axis: 0 }, vec![rows, f])
     }
 
     /// A Conv's or ConvTranspose's weight as the GEMM's `[G, ΠK·C/G, M/G]` operand (no `G` dim

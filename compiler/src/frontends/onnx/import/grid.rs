@@ -64,17 +64,9 @@ impl Importer<'_> {
             axes.push(self.grid_axis(name, g, len, mode, &padding, align)?);
         }
         // Rows [N·ΠS (+ a zero row), C].
-        let perm: Vec<usize> = std::iter::once(0).chain(2..d + 2).chain(std::iter::once(1)).collect();
         let xf = self.cast_to(name, x, DType::F32)?;
-        let t = self.tmp(name, Op::Transpose { perm }, vec![xf])?;
-        let t = self.reshape(&self.fresh(name), t, &[n * ps, c])?;
-        let zeros = padding == "zeros";
-        let table = if zeros {
-            let z = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, c], vec![0.0; c])))?;
-            self.tmp(name, Op::Concat { axis: 0 }, vec![t, z])?
-        } else {
-            t
-        };
+        let rows = self.channel_rows(name, xf)?;
+        let table = if padding == "zeros" { self.with_fill_row(name, rows, 0.0)? } else { rows };
         let base = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![n, 1], (0..n).map(|b| (b * ps) as f64).collect())))?;
         let strides = super::super::shape::strides(&s);
         // Every combination of the axes' taps.
