@@ -121,11 +121,13 @@ unsafe fn store_tile<const R: usize>(
     post: Option<TilePost>,
 ) {
     let alpha_v = _mm256_set1_ps(alpha);
+    // alpha = 1 (every GEMM but attention's scaled products): x·1 = x, one multiply fewer per vector.
+    let unit = alpha == 1.0;
     if mr == R && nr == NR {
         if let Some(t) = post {
             for (i, row) in acc.iter().enumerate() {
                 // SAFETY: full tile: row i < R.
-                unsafe { store_row_post(row, i, c, ldc, alpha_v, beta, t) };
+                unsafe { store_row_post(row, i, c, ldc, alpha_v, unit, beta, t) };
             }
             return;
         }
@@ -136,6 +138,8 @@ unsafe fn store_tile<const R: usize>(
                     let p = c.add(i * ldc + v * 8);
                     let r = if beta {
                         _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
+                    } else if unit {
+                        x
                     } else {
                         _mm256_mul_ps(x, alpha_v)
                     };
@@ -163,6 +167,8 @@ unsafe fn store_tile<const R: usize>(
                     let x = _mm256_loadu_ps(tile.as_ptr().add(i * NR + col));
                     let mut r = if beta {
                         _mm256_fmadd_ps(x, alpha_v, _mm256_maskload_ps(p, m))
+                    } else if unit {
+                        x
                     } else {
                         _mm256_mul_ps(x, alpha_v)
                     };
@@ -195,6 +201,7 @@ unsafe fn store_row_post(
     c: *mut f32,
     ldc: usize,
     alpha_v: __m256,
+    unit: bool,
     beta: bool,
     t: TilePost,
 ) {
@@ -204,7 +211,13 @@ unsafe fn store_row_post(
         let mut ops = [(std::ptr::null(), std::ptr::null()); NV];
         for w in 0..NV {
             let p = c.add(i * ldc + w * 8);
-            v[w] = if beta { _mm256_fmadd_ps(row[w], alpha_v, _mm256_loadu_ps(p)) } else { _mm256_mul_ps(row[w], alpha_v) };
+            v[w] = if beta {
+                _mm256_fmadd_ps(row[w], alpha_v, _mm256_loadu_ps(p))
+            } else if unit {
+                row[w]
+            } else {
+                _mm256_mul_ps(row[w], alpha_v)
+            };
             ops[w] = t.operands(i, w * 8);
         }
         let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act);
