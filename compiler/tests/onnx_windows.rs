@@ -5,7 +5,7 @@
 //! larger than the input reaches, 1-D and 3-D); and malformed attributes as one-line errors
 //! naming the node.
 
-use kiln_compiler::frontends::onnx::proto::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
+use kiln_compiler::frontends::onnx::proto::{AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto};
 use kiln_compiler::frontends::onnx::OnnxModel;
 use kiln_compiler::reference::interpret;
 use kiln_runtime::{Bucket, Error, HostTensor};
@@ -331,4 +331,95 @@ fn malformed_window_ops_name_the_node() {
         let msg = e.to_string();
         assert!(msg.contains(&format!("node `w` ({op}")) && msg.contains(want) && !msg.contains('\n'), "{op}: want `{want}`: {msg}");
     }
+}
+
+fn f32_tensor(name: &str, shape: &[usize], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(1),
+        dims: shape.iter().map(|&d| d as i64).collect(),
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A node of the chain test: op, inputs, output, attributes.
+fn nd(op: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(out.into()),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn conv_chains_stay_in_rows_of_channels() {
+    // x → Conv → BatchNormalization → Relu → Add(x) → Conv → Sigmoid·2 → y: between the two
+    // convolutions every op runs on rows of channels, so after the middle end the only
+    // transposes left are x's (read by the first Conv and the residual Add) and y's. The
+    // result equals the ops run one graph each (where every op transposes in and out).
+    let (n, c, s) = (2usize, 4usize, 5usize);
+    let xs = vec![n, c, s, s];
+    let ws = vec![c, c, 3, 3];
+    let x = values(xs.iter().product(), 1);
+    let (w1, w2) = (values(ws.iter().product(), 2), values(ws.iter().product(), 3));
+    let (b1, b2) = (values(c, 4), values(c, 5));
+    let bn: Vec<Vec<f32>> = (0..4).map(|k| values(c, 6 + k).iter().map(|v| if k == 3 { v.abs() + 0.5 } else { *v }).collect()).collect();
+    let pads = || vec![ints("pads", &[1, 1, 1, 1])];
+    let two = vec![2.0f32];
+    let mut init: Vec<(&str, Vec<usize>, Vec<f32>)> = vec![
+        ("w1", ws.clone(), w1.clone()),
+        ("b1", vec![c], b1.clone()),
+        ("w2", ws.clone(), w2.clone()),
+        ("b2", vec![c], b2.clone()),
+        ("two", vec![], two.clone()),
+    ];
+    for (k, name) in ["scale", "shift", "mean", "var"].iter().enumerate() {
+        init.push((name, vec![c], bn[k].clone()));
+    }
+    let g = GraphProto {
+        node: vec![
+            nd("Conv", &["x", "w1", "b1"], "c1", pads()),
+            nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
+            nd("Relu", &["bn"], "r", vec![]),
+            nd("Add", &["r", "x"], "res", vec![]),
+            nd("Conv", &["res", "w2", "b2"], "c2", pads()),
+            nd("Sigmoid", &["c2"], "sg", vec![]),
+            nd("Mul", &["sg", "two"], "y", vec![]),
+        ],
+        input: vec![vi("x", &xs)],
+        initializer: init.iter().map(|(name, shape, v)| f32_tensor(name, shape, v)).collect(),
+        output: vec![kiln_testkit::onnx_proto::value_info("y", 1, &[])],
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.onnx");
+    std::fs::write(&p, kiln_testkit::onnx_proto::model(g, 19).encode_to_vec()).unwrap();
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let graph = m.graph_for(b).unwrap();
+    let w = m.weights(&graph).unwrap();
+    let dump = kiln_compiler::pipeline::dump_after(&graph, b, "dce").unwrap();
+    let transposes = dump.lines().filter(|l| l.contains("= transpose(")).count();
+    assert_eq!(transposes, 2, "transposes left in\n{dump}");
+    let got = interpret(&graph, &w, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
+
+    let t = |v: &[f32], shape: &[usize]| (shape.to_vec(), v.to_vec());
+    let conv = |x: &[f32], w: &[f32], bias: &[f32]| {
+        run("Conv", &[("x", xs.clone(), x.to_vec()), ("w", ws.clone(), w.to_vec()), ("b", vec![c], bias.to_vec())], pads()).unwrap().to_f32_vec()
+    };
+    let c1 = conv(&x, &w1, &b1);
+    let bn_ins: Vec<(&str, Vec<usize>, Vec<f32>)> =
+        [("x", t(&c1, &xs))].into_iter().chain(["scale", "shift", "mean", "var"].iter().zip(&bn).map(|(k, v)| (*k, t(v, &[c])))).map(|(k, (s, v))| (k, s, v)).collect();
+    let y_bn = run("BatchNormalization", &bn_ins, vec![]).unwrap().to_f32_vec();
+    let r = run("Relu", &[("x", xs.clone(), y_bn)], vec![]).unwrap().to_f32_vec();
+    let res = run("Add", &[("a", xs.clone(), r), ("b", xs.clone(), x.clone())], vec![]).unwrap().to_f32_vec();
+    let c2 = conv(&res, &w2, &b2);
+    let sg = run("Sigmoid", &[("x", xs.clone(), c2)], vec![]).unwrap().to_f32_vec();
+    let want = run("Mul", &[("a", xs.clone(), sg), ("b", vec![], two)], vec![]).unwrap().to_f32_vec();
+    assert_eq!(got.shape, xs);
+    close(&got.to_f32_vec(), &want, "conv chain");
 }

@@ -17,6 +17,7 @@ mod activation;
 mod attention;
 mod channel_norm;
 mod contrib;
+mod channel_rows;
 mod control;
 mod conv;
 mod elementwise;
@@ -175,12 +176,15 @@ pub struct Importer<'m> {
     weights: HashMap<String, usize>,
     /// Weight data made at import (dequantized initializers), by weight-table name.
     pub derived: Vec<(String, HostTensor)>,
+    /// The rows-of-channels form (`[N·ΠS, C]`) of `[N, C, S..]` values made from one
+    /// (`channel_rows.rs`).
+    rows: HashMap<ValueId, ValueId>,
     uniq: std::cell::Cell<usize>,
 }
 
 impl<'m> Importer<'m> {
     pub fn new(m: &'m OnnxModel) -> Self {
-        Importer { m, g: Graph::default(), vals: HashMap::new(), weights: HashMap::new(), derived: Vec::new(), uniq: std::cell::Cell::new(0) }
+        Importer { m, g: Graph::default(), vals: HashMap::new(), weights: HashMap::new(), derived: Vec::new(), rows: HashMap::new(), uniq: std::cell::Cell::new(0) }
     }
 
     fn fresh(&self, base: &str) -> String {
@@ -280,6 +284,14 @@ impl<'m> Importer<'m> {
         if l.shape.contains(&0) {
             return unsup(format!("`{name}` of shape {:?} is empty (kiln has no empty tensors; an op that folds takes it)", l.shape));
         }
+        // A large integer (or f16/bool) literal — a window op's gather ids, a table built at import —
+        // is a weight of its own dtype: as a constant (kiln's constants are f32) it would be cast
+        // on every run, const_fold leaving results over MAX_FOLD_ELEMENTS alone (ResNet-18's
+        // first convolution: 0.42 ms of 24.6 per run casting its im2col ids).
+        if !l.weight && l.elem.dtype() != DType::F32 && l.shape.iter().product::<usize>() > crate::passes::const_fold::MAX_FOLD_ELEMENTS {
+            let w = Lit { weight: true, ..l.clone() };
+            return self.node(&self.fresh(name), &Val::Lit(w));
+        }
         if l.weight {
             if let Some(&index) = self.weights.get(name) {
                 return self.push(name, Op::Weight { index }, vec![]);
@@ -290,13 +302,8 @@ impl<'m> Importer<'m> {
             } else {
                 l.to_host()
             };
-            let index = self.g.weights.len();
-            self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone() });
-            self.weights.insert(name.to_string(), index);
-            if self.m.initializer(name).is_none() || !is_lazy(l) {
-                self.derived.push((name.to_string(), data));
-            }
-            return self.push(name, Op::Weight { index }, vec![]);
+            let keep = self.m.initializer(name).is_none() || !is_lazy(l);
+            return self.weight_node(name, data, keep);
         }
         let vals: Vec<f32> = l.floats().iter().map(|&x| x as f32).collect();
         let c = self.fresh(name);
@@ -305,6 +312,18 @@ impl<'m> Importer<'m> {
             DType::F32 => Ok(k),
             to => self.push(&format!("{c}.cast"), Op::Cast { to }, vec![k]),
         }
+    }
+
+    /// A weight-table entry `name` holding `data` (kept among the derived weights unless it is
+    /// an initializer the weight source reads itself).
+    fn weight_node(&mut self, name: &str, data: HostTensor, derived: bool) -> R<ValueId> {
+        let index = self.g.weights.len();
+        self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone() });
+        self.weights.insert(name.to_string(), index);
+        if derived {
+            self.derived.push((name.to_string(), data));
+        }
+        self.push(name, Op::Weight { index }, vec![])
     }
 
     fn scalar(&mut self, name: &str, v: f32, dtype: DType) -> R<ValueId> {
@@ -527,9 +546,18 @@ impl<'m> Importer<'m> {
     /// imports its op. Returns its outputs.
     fn dynamic(&mut self, op: &str, name: &str, n: &NodeProto, ins: &[Option<Val>], at: &Attrs) -> R<Vec<ValueId>> {
         let cx = NodeCx { op, name, n, ins, at, opset: self.m.opset };
+        if let Some(outs) = self.on_channel_rows(&cx, Self::by_family)? {
+            return Ok(outs);
+        }
+        self.by_family(&cx)
+    }
+
+    /// `cx` imported by its op family.
+    fn by_family(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
+        let op = cx.op;
         for (ops, import) in FAMILIES {
             if ops.contains(&op) {
-                return import(self, &cx);
+                return import(self, cx);
             }
         }
         match op {
