@@ -36,41 +36,33 @@ pub fn verify_image(image: &CpuPlanImage) -> Result<()> {
     image.verify(kiln_kernels::table::KERNEL_ABI_VERSION)
 }
 
-/// A plan's arena: 64-byte-aligned, zeroed, allocated fallibly — a bucket too large for the
-/// machine is an [`Error`], not an abort (`alloc_zeroed` also leaves untouched pages unbacked,
-/// as `vec![0; n]` would). Named apart from `kiln_kernels::aligned::AlignedBuf`, the kernels'
-/// scratch.
+/// A plan's arena: zeroed anonymous memory (page-aligned, so 64-byte-aligned), mapped fallibly
+/// — a bucket too large for the machine is an [`Error`], not an abort — and backed lazily, page
+/// by page, as written. Named apart from `kiln_kernels::aligned::AlignedBuf`, the kernels'
+/// scratch. See [`huge_pages`].
 pub struct Arena {
-    ptr: std::ptr::NonNull<u8>,
-    layout: std::alloc::Layout,
+    map: memmap2::MmapMut,
     len: usize,
 }
 
-// SAFETY: the arena owns its allocation; access goes through `&self`/`&mut self`.
-unsafe impl Send for Arena {}
-unsafe impl Sync for Arena {}
-
 impl Arena {
     pub fn new(len: usize) -> Result<Self> {
-        let too_big = || Error::environment(format!("cannot allocate an arena of {len} bytes"));
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 64).map_err(|_| too_big())?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(too_big)?;
-        Ok(Arena { ptr, layout, len })
+        let map = memmap2::MmapMut::map_anon(len.max(1))
+            .map_err(|e| Error::environment(format!("cannot allocate an arena of {len} bytes: {e}")))?;
+        huge_pages(&map);
+        Ok(Arena { map, len })
     }
     pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_mut_ptr()
     }
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len` initialized (zeroed) bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        &self.map[..self.len]
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, borrowed mutably through self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        &mut self.map[..self.len]
     }
     pub fn len(&self) -> usize {
         self.len
@@ -80,10 +72,16 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+/// Asks Linux for transparent huge pages (2 MiB) under `map` when it spans at least one, as
+/// PyTorch's CPU allocator does for large blocks: a hint (THP may be off, or no huge page
+/// free), so its refusal is not an error. With 4 KiB pages a plan's arena and prepared weights
+/// (ResNet-18: ~50 MB) overflow the TLB's reach. Measured (ResNet-18 1×224, 2 threads, Zen 4
+/// VM with THP in `madvise` mode, ten processes each): 21.5–21.6 ms against 21.6–21.9 without;
+/// MiniLM 8×128 and 1×128 unchanged.
+pub fn huge_pages(map: &memmap2::MmapMut) {
+    #[cfg(target_os = "linux")]
+    if map.len() >= 2 << 20 {
+        let _ = map.advise(memmap2::Advice::HugePage);
     }
 }
 

@@ -12,26 +12,30 @@ use crate::error::{Error, Result};
 use kiln_format::plan::cpu::{WeightPrep, WeightSlot};
 
 
-/// 64-byte-aligned bytes.
+/// Prepared weight bytes: zeroed anonymous memory (page-aligned), with the huge-page hint of
+/// the plan's arena (`cpu::huge_pages`).
 struct Aligned {
-    lines: Vec<[u64; 8]>,
+    map: memmap2::MmapMut,
     len: usize,
 }
 
 impl Aligned {
-    fn zeroed(len: usize) -> Self {
-        Aligned { lines: vec![[0u64; 8]; len.div_ceil(64)], len }
+    fn zeroed(len: usize) -> Result<Self> {
+        let map = memmap2::MmapMut::map_anon(len.max(1))
+            .map_err(|e| Error::environment(format!("cannot allocate {len} bytes of prepared weights: {e}")))?;
+        crate::cpu::huge_pages(&map);
+        Ok(Aligned { map, len })
     }
     fn as_mut_bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `lines` holds 64·lines.len() >= len initialized bytes; u8 has no alignment.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+        &mut self.map[..self.len]
     }
     fn as_mut_f32(&mut self) -> &mut [f32] {
-        // SAFETY: as above; [u64; 8] is 8-aligned, more than f32 needs; every bit pattern is a valid f32.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len / 4) }
+        // SAFETY: the map is page-aligned, more than f32 needs, and holds len initialized
+        // (zeroed) bytes; every bit pattern is a valid f32.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<f32>(), self.len / 4) }
     }
     fn as_ptr(&self) -> *const u8 {
-        self.lines.as_ptr().cast()
+        self.map.as_ptr()
     }
 }
 
@@ -189,7 +193,7 @@ impl CpuWeights {
                     _ => t.data.convert(slot.dtype),
                 };
                 let bytes = data.to_le_bytes();
-                let mut a = Aligned::zeroed(bytes.len());
+                let mut a = Aligned::zeroed(bytes.len())?;
                 a.as_mut_bytes().copy_from_slice(&bytes);
                 Ok(Prepared::Owned(a))
             }
@@ -204,7 +208,7 @@ impl CpuWeights {
                     }
                 };
                 let len = kiln_kernels::gemm::packed_b_len(k, n);
-                let mut a = Aligned::zeroed(len * 4);
+                let mut a = Aligned::zeroed(len * 4)?;
                 let dst = a.as_mut_f32();
                 let r = if k == 0 || n == 0 {
                     Ok(())
