@@ -288,6 +288,9 @@ fn gather_reduce_concat_copy() {
     let s = b.reduce(ReduceOp::Sum, e, &[2], false).unwrap();
     let mn = b.reduce(ReduceOp::Mean, e, &[1], true).unwrap();
     let mx = b.reduce(ReduceOp::Max, e, &[1, 2], false).unwrap();
+    // Over the strided axis 1 with 6 kept columns: four outputs a lane each, then two alone.
+    let mx1 = b.reduce(ReduceOp::Max, e, &[1], false).unwrap();
+    let s1 = b.reduce(ReduceOp::Sum, e, &[1], false).unwrap();
     let t = b.transpose(e, &[0, 2, 1]).unwrap();
     let c = b.concat(&[e, e], 2).unwrap();
     let it = b.transpose(ids, &[1, 0]).unwrap();
@@ -296,6 +299,8 @@ fn gather_reduce_concat_copy() {
     b.output("s", s);
     b.output("mn", mn);
     b.output("mx", mx);
+    b.output("mx1", mx1);
+    b.output("s1", s1);
     b.output("t", t);
     b.output("c", c);
     b.output("it", it);

@@ -2,7 +2,9 @@
 //!
 //! Outer dims (coalesced over the loads and the output) are split across tasks; for each
 //! output element the reduced dims (coalesced over the loads) are walked with an `f32x4`
-//! accumulator on the innermost dim when the loads are dense there, then a scalar remainder.
+//! accumulator on the innermost dim when the loads are dense there, then a scalar remainder;
+//! where they are strided and the innermost kept dim is dense, four outputs at a time, a lane
+//! each.
 
 use cranelift_codegen::ir::types::{F32, F32X4};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -30,9 +32,8 @@ pub(crate) fn emit_reduce(fx: &mut Fx, k: &Kernel, op: ReduceOp, shape: &[usize]
     ptrs.push(fx.view_base(&k.output));
     let mut ost: Vec<Vec<i64>> = loads.iter().map(|&l| k.inputs[l].strides[..outer].iter().map(|&s| s as i64).collect()).collect();
     ost.push(k.output.strides.iter().map(|&s| s as i64).collect());
-    let (odims, ost) = coalesce(&shape[..outer], &ost);
+    let (mut odims, mut ost) = coalesce(&shape[..outer], &ost);
     let sizes: Vec<i64> = load_dt.iter().chain([&out_dt]).map(|d| d.size() as i64).collect();
-    let obytes: Vec<Vec<i64>> = ost.iter().zip(&sizes).map(|(s, &z)| s.iter().map(|&x| x * z).collect()).collect();
     // Inner walk: loads' inner strides.
     let ist: Vec<Vec<i64>> = loads.iter().map(|&l| k.inputs[l].strides[outer..].iter().map(|&s| s as i64).collect()).collect();
     let (mut idims, mut ist) = coalesce(&shape[outer..], &ist);
@@ -45,6 +46,26 @@ pub(crate) fn emit_reduce(fx: &mut Fx, k: &Kernel, op: ReduceOp, shape: &[usize]
     let ri = idims.len();
     let last_n = idims[ri - 1];
     let vec = last_n >= 4 && (0..nl).all(|j| ist[j][ri - 1] == 0 || (ist[j][ri - 1] == 1 && load_dt[j] == DType::F32));
+    // Where the reduced dims are strided (a window op's taps over rows of channels: [.., C, K]
+    // with K at stride C) but the innermost kept dim is dense in every load and the output,
+    // four neighbouring outputs are reduced side by side, one lane each: the same operations
+    // in the same order per element as `one` below (no horizontal step), so the same bits.
+    let lanes = !vec
+        && odims.last().is_some_and(|&n| n >= 4)
+        && out_dt == DType::F32
+        && ost[nl].last() == Some(&1)
+        && (0..nl).all(|j| ost[j].last() == Some(&0) || (ost[j].last() == Some(&1) && load_dt[j] == DType::F32));
+    if lanes && odims.len() == 1 {
+        // A dim in front to split tasks over: groups of four lanes where they divide it,
+        // else one unit (one task).
+        let n = odims[0];
+        let (g, w) = if n % 4 == 0 { (n / 4, 4) } else { (1, n) };
+        odims = vec![g, w];
+        for s in ost.iter_mut() {
+            s.insert(0, s[0] * w as i64);
+        }
+    }
+    let obytes: Vec<Vec<i64>> = ost.iter().zip(&sizes).map(|(s, &z)| s.iter().map(|&x| x * z).collect()).collect();
     let ibytes: Vec<Vec<i64>> = ist.iter().zip(&sizes).map(|(s, &z)| s.iter().map(|&x| x * z).collect()).collect();
     let ilast: Vec<i64> = ibytes.iter().map(|b| b[ri - 1]).collect();
     let iouter: Vec<Vec<i64>> = ibytes.iter().map(|b| b[..ri - 1].to_vec()).collect();
@@ -60,7 +81,9 @@ pub(crate) fn emit_reduce(fx: &mut Fx, k: &Kernel, op: ReduceOp, shape: &[usize]
             fx.b.ins().fadd(acc, x)
         }
     };
-    fx.nest(&odims, &ptrs, &obytes, range, &mut |fx, p| {
+    // One output element: its reduced dims walked with the f32x4 accumulator where they are
+    // dense innermost, else one element at a time.
+    let one = |fx: &mut Fx, p: &[Value]| {
         let iv = fx.fconst(init, 4);
         let is = fx.fconst(init, 1);
         let va = fx.var(F32X4, iv);
@@ -113,6 +136,53 @@ pub(crate) fn emit_reduce(fx: &mut Fx, k: &Kernel, op: ReduceOp, shape: &[usize]
             total = fx.b.ins().fdiv(total, c);
         }
         fx.store_f(out_dt, total, p[nl]);
+    };
+    if !lanes {
+        fx.nest(&odims, &ptrs, &obytes, range, &mut |fx, p| one(fx, p));
+        return tasks;
+    }
+    let d = odims.len() - 1;
+    let head: Vec<Vec<i64>> = obytes.iter().map(|b| b[..d].to_vec()).collect();
+    let step_bytes: Vec<i64> = obytes.iter().map(|b| b[d]).collect();
+    let n = odims[d];
+    let n4 = n / 4 * 4;
+    fx.nest(&odims[..d], &ptrs, &head, range, &mut |fx, p| {
+        let lo = fx.iconst(0);
+        let hi = fx.iconst(n4 as i64);
+        fx.for_range(lo, hi, 4, &mut |fx, c| {
+            let pc: Vec<Value> = p.iter().zip(&step_bytes).map(|(&q, &b)| fx.offset(q, c, b)).collect();
+            let iv = fx.fconst(init, 4);
+            let va = fx.var(F32X4, iv);
+            fx.nest(&idims, &pc[..nl], &ibytes, None, &mut |fx, q| {
+                let mut by_input: Vec<Option<Value>> = vec![None; ninputs];
+                for (j, &l) in loads.iter().enumerate() {
+                    by_input[l] = Some(if step_bytes[j] == 0 {
+                        let s = fx.load_f(load_dt[j], q[j], 1);
+                        fx.splat(s)
+                    } else {
+                        fx.load_f(load_dt[j], q[j], 4)
+                    });
+                }
+                let x = emit_expr(fx, prologue, 4, &by_input, None);
+                let a = fx.b.use_var(va);
+                let a = step(fx, a, x);
+                fx.b.def_var(va, a);
+            });
+            let mut total = fx.b.use_var(va);
+            if op == ReduceOp::Mean {
+                let c = fx.fconst(count as f32, 4);
+                total = fx.b.ins().fdiv(total, c);
+            }
+            fx.store_f(out_dt, total, pc[nl]);
+        });
+        if n4 < n {
+            let lo = fx.iconst(n4 as i64);
+            let hi = fx.iconst(n as i64);
+            fx.for_range(lo, hi, 1, &mut |fx, c| {
+                let pc: Vec<Value> = p.iter().zip(&step_bytes).map(|(&q, &b)| fx.offset(q, c, b)).collect();
+                one(fx, &pc);
+            });
+        }
     });
     tasks
 }
