@@ -160,10 +160,14 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 
 #[test]
 fn conv_matches_its_definition() {
-    // (C, M, group, spatial, kernel, strides, dilations, pads [begin.., end..] or auto_pad)
+    // Depthwise cases (C = group, one input channel each) import as a product and a sum over
+    // the taps instead of a GEMM per group. (C, M, group, spatial, kernel, strides, dilations, pads [begin.., end..] or auto_pad)
     type Case<'a> = (usize, usize, usize, &'a [usize], &'a [usize], &'a [usize], &'a [usize], Result<&'a [i64], &'a str>);
-    let cases: [Case; 8] = [
+    let cases: [Case; 10] = [
         (4, 6, 2, &[7, 6], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 2, 1])),
+        // Depthwise with a channel multiplier of 2 and 3 (strided, dilated, padded; 1-D).
+        (3, 6, 3, &[7, 5], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 1, 1])),
+        (4, 12, 4, &[9], &[3], &[2], &[2], Ok(&[2, 1])),
         (6, 6, 3, &[9, 9], &[3, 3], &[2, 2], &[2, 2], Ok(&[2, 2, 2, 2])),
         (3, 4, 1, &[8, 5], &[3, 3], &[3, 2], &[1, 1], Err("SAME_LOWER")),
         (3, 4, 1, &[8, 5], &[4, 2], &[2, 3], &[1, 1], Err("SAME_UPPER")),
@@ -215,8 +219,11 @@ fn conv_matches_its_definition() {
 fn conv_transpose_matches_its_definition() {
     // (C, M, group, spatial, kernel, strides, dilations, pads, output_padding, output_shape)
     type Case<'a> = (usize, usize, usize, &'a [usize], &'a [usize], &'a [usize], &'a [usize], &'a [i64], &'a [i64], Option<&'a [i64]>);
-    let cases: [Case; 5] = [
+    let cases: [Case; 7] = [
         (4, 6, 2, &[3, 4], &[3, 2], &[2, 3], &[1, 2], &[1, 0, 0, 1], &[1, 0], None),
+        // Depthwise (one input channel per group), without and with a channel multiplier.
+        (5, 5, 5, &[4, 3], &[3, 3], &[2, 1], &[1, 2], &[1, 0, 0, 1], &[1, 0], None),
+        (3, 6, 3, &[4, 4], &[2, 3], &[2, 2], &[1, 1], &[0, 1, 1, 0], &[0, 1], None),
         (2, 3, 1, &[5], &[4], &[3], &[1], &[1, 2], &[2], None),
         (3, 2, 1, &[3, 3], &[3, 3], &[3, 2], &[1, 1], &[0, 0, 0, 0], &[0, 0], Some(&[10, 8])),
         (6, 6, 3, &[4, 4], &[2, 2], &[2, 2], &[2, 1], &[0, 1, 1, 0], &[0, 0], None),

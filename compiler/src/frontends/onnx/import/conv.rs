@@ -325,8 +325,15 @@ impl Importer<'_> {
                 let win = if wop == "Conv" { Window::forward(at, &s, &k, false)?.0 } else { Window::backward(at, &s, &k)? };
                 let rows = self.windows(name, x, &win, n, c, 0.0)?;
                 let pk = win.taps_per_output();
-                // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G].
-                let (view, perm) = if wop == "Conv" { ([g, mg, cg, pk], [0, 3, 2, 1]) } else { ([g, cg, mg, pk], [0, 3, 1, 2]) };
+                // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G]; a
+                // depthwise one (one input channel per group) to [ΠK, G, 1, M/G].
+                let depthwise = cg == 1 && g > 1;
+                let (view, perm) = match (wop == "Conv", depthwise) {
+                    (true, false) => ([g, mg, cg, pk], [0, 3, 2, 1]),
+                    (false, false) => ([g, cg, mg, pk], [0, 3, 1, 2]),
+                    (true, true) => ([g, mg, cg, pk], [3, 0, 2, 1]),
+                    (false, true) => ([g, cg, mg, pk], [3, 0, 1, 2]),
+                };
                 let wt = self.window_weight(name, &cx.iname(w_at), &w, view, perm, op)?;
                 let bias = if op != "ConvInteger" && given(ins, b_at) {
                     let b = self.node(&cx.iname(b_at), &cx.inp(b_at)?)?;
@@ -334,7 +341,11 @@ impl Importer<'_> {
                 } else {
                     None
                 };
-                let y = self.window_gemm(name, rows, wt, bias, n * win.outputs(), pk, g, cg, mg)?;
+                let y = if depthwise {
+                    self.depthwise(name, rows, wt, bias, n * win.outputs(), pk, g, mg)?
+                } else {
+                    self.window_gemm(name, rows, wt, bias, n * win.outputs(), pk, g, cg, mg)?
+                };
                 let y = self.reshape(&self.fresh(name), y, &[n, win.outputs(), m])?;
                 let y = self.channels_first(name, y, n, m, &win.o)?;
                 match op {
@@ -596,6 +607,23 @@ impl Importer<'_> {
             let y = self.tmp(name, Op::Transpose { perm: vec![1, 0, 2] }, vec![y])?;
             self.reshape(&self.fresh(name), y, &[rows, g * mg])?
         };
+        if let Some(b) = bias {
+            y = self.bin(name, BinaryOp::Add, y, b)?;
+        }
+        Ok(y)
+    }
+
+    /// A depthwise convolution (one input channel per group): the windows (`[N, ΠO, ΠK, G]`,
+    /// `rows` = N·ΠO of them) times the weight (`[ΠK, G, M/G]`) summed over the taps, plus the
+    /// bias: `[N·ΠO, M]`. Not a GEMM per group, whose k would be the taps and n the channel
+    /// multiplier (a GEMV of 9 × 1 per channel): a product and a reduction over the taps, for
+    /// every channel side by side (the reduction's lanes run along the channels).
+    #[allow(clippy::too_many_arguments)]
+    fn depthwise(&mut self, name: &str, win: ValueId, wt: ValueId, bias: Option<ValueId>, rows: usize, pk: usize, g: usize, mg: usize) -> R<ValueId> {
+        let a = self.reshape(&self.fresh(name), win, &[rows, pk, g, 1])?;
+        let p = self.bin(name, BinaryOp::Mul, a, wt)?;
+        let y = self.tmp(name, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keep_dims: false }, vec![p])?;
+        let mut y = self.reshape(&self.fresh(name), y, &[rows, g * mg])?;
         if let Some(b) = bias {
             y = self.bin(name, BinaryOp::Add, y, b)?;
         }
