@@ -612,6 +612,42 @@ fn single_node_model(op: &str, domain: &str, ins: &[NodeInput], attrs: &[(usize,
     m.encode_to_vec()
 }
 
+/// `model` (one node) with each float graph input of rank 3 or more first passed through a
+/// MaxPool of 1-wide windows (the same values): the importer then holds those inputs as rows
+/// of channels too (`import/channel_rows.rs`), and per-element ops, BatchNormalization and the
+/// window ops read them that way.
+fn after_window_op(model: &[u8]) -> Vec<u8> {
+    use kiln_compiler::frontends::onnx::proto::{type_proto, AttributeProto, ModelProto, NodeProto};
+    use prost::Message;
+    let mut m = ModelProto::decode(model).expect("a model this file encoded");
+    let g = m.graph.as_mut().expect("graph");
+    let mut pools = Vec::new();
+    for vi in &g.input {
+        let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { continue };
+        let rank = t.shape.as_ref().map_or(0, |s| s.dim.len());
+        if t.elem_type != Some(1) || rank < 3 {
+            continue;
+        }
+        let (from, to) = (vi.name().to_string(), format!("{}.pooled", vi.name()));
+        for n in g.node.iter_mut() {
+            for i in n.input.iter_mut().filter(|i| **i == from) {
+                *i = to.clone();
+            }
+        }
+        pools.push(NodeProto {
+            op_type: Some("MaxPool".into()),
+            name: Some(format!("pool.{from}")),
+            input: vec![from],
+            output: vec![to],
+            attribute: vec![AttributeProto { name: Some("kernel_shape".into()), ints: vec![1; rank - 2], r#type: Some(7), ..Default::default() }],
+            ..Default::default()
+        });
+    }
+    pools.append(&mut g.node);
+    g.node = pools;
+    m.encode_to_vec()
+}
+
 /// Imports and runs a single-node model on the reference backend: any answer but a panic, and
 /// an error is one line. Where the reference runs it, the CPU backend (lowered, compiled by
 /// Cranelift) must too, to the same values within f32 rounding.
@@ -671,6 +707,18 @@ proptest! {
         outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
     ) {
         run_single_node(&single_node_model(op, "", &ins, &attrs, outs));
+    }
+
+    /// The same with the op's rank ≥ 3 float inputs made by a window op: what the importer
+    /// does with values it holds as rows of channels.
+    #[test]
+    fn onnx_single_ops_after_a_window_op(
+        op in proptest::sample::select(kiln_compiler::frontends::onnx::import::supported_ops()),
+        ins in proptest::collection::vec(node_input(), 0..5),
+        attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
+        outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
+    ) {
+        run_single_node(&after_window_op(&single_node_model(op, "", &ins, &attrs, outs)));
     }
 
     /// The same for every `com.microsoft` op the importer knows (the contrib ops of optimized
