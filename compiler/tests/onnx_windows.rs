@@ -28,7 +28,26 @@ fn string(name: &str, v: &str) -> AttributeProto {
     AttributeProto { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), r#type: Some(3), ..Default::default() }
 }
 
-/// `op` over graph inputs `ins` (name, shape) into `y`, run by the reference interpreter.
+/// `g` on the reference interpreter and, where that runs it, on the CPU backend (compiled;
+/// 2 threads) to the same values within f32 rounding: the reference's outputs.
+fn interpret_and_cpu(g: &kiln_runtime::Graph, w: &[HostTensor], inputs: &[HostTensor], b: Bucket) -> Result<Vec<HostTensor>, Error> {
+    use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+    use kiln_runtime::cpu::Threads;
+    use kiln_runtime::{Backend, Batch, Outputs};
+    let want = interpret(g, w, inputs, b)?;
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), ..Default::default() })?;
+    let uploaded = be.upload(w, g)?;
+    let mut plan = be.lower(&uploaded, g, b)?;
+    let mut out = Outputs::for_bucket(g, b);
+    be.run(&mut plan, &Batch { tensors: inputs.to_vec() }, &mut out)?;
+    if let Err(e) = kiln_testkit::random::compare(&out.tensors, &want, 1e-5, 1e-5) {
+        panic!("cpu against the reference: {e}");
+    }
+    Ok(want)
+}
+
+/// `op` over graph inputs `ins` (name, shape) into `y`, run by the reference interpreter and
+/// the CPU backend.
 fn run(op: &str, ins: &[(&str, Vec<usize>, Vec<f32>)], attrs: Vec<AttributeProto>) -> Result<HostTensor, Error> {
     let g = GraphProto {
         node: vec![NodeProto {
@@ -51,7 +70,7 @@ fn run(op: &str, ins: &[(&str, Vec<usize>, Vec<f32>)], attrs: Vec<AttributeProto
     let g = m.graph_for(b)?;
     let w = m.weights(&g)?;
     let inputs: Vec<HostTensor> = ins.iter().map(|(_, s, v)| HostTensor::f32(s.clone(), v.clone()).unwrap()).collect();
-    Ok(interpret(&g, &w, &inputs, b)?.remove(0))
+    Ok(interpret_and_cpu(&g, &w, &inputs, b)?.remove(0))
 }
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -163,8 +182,13 @@ fn conv_matches_its_definition() {
     // Depthwise cases (C = group, one input channel each) import as a product and a sum over
     // the taps instead of a GEMM per group. (C, M, group, spatial, kernel, strides, dilations, pads [begin.., end..] or auto_pad)
     type Case<'a> = (usize, usize, usize, &'a [usize], &'a [usize], &'a [usize], &'a [usize], Result<&'a [i64], &'a str>);
-    let cases: [Case; 10] = [
+    let cases: [Case; 13] = [
         (4, 6, 2, &[7, 6], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 2, 1])),
+        // Stride-1 depthwise: shifted views of the padded input (dilated, asymmetric pads,
+        // SAME_LOWER, 3-D).
+        (5, 5, 5, &[7, 6], &[3, 2], &[1, 1], &[2, 1], Ok(&[2, 0, 1, 1])),
+        (6, 6, 6, &[5, 4], &[3, 3], &[1, 1], &[1, 1], Err("SAME_LOWER")),
+        (2, 2, 2, &[4, 3, 5], &[2, 2, 3], &[1, 1, 1], &[1, 2, 1], Ok(&[0, 1, 1, 1, 0, 1])),
         // Depthwise with a channel multiplier of 2 and 3 (strided, dilated, padded; 1-D).
         (3, 6, 3, &[7, 5], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 1, 1])),
         (4, 12, 4, &[9], &[3], &[2], &[2], Ok(&[2, 1])),
@@ -412,7 +436,7 @@ fn conv_chains_stay_in_rows_of_channels() {
     let dump = kiln_compiler::pipeline::dump_after(&graph, b, "dce").unwrap();
     let transposes = dump.lines().filter(|l| l.contains("= transpose(")).count();
     assert_eq!(transposes, 2, "transposes left in\n{dump}");
-    let got = interpret(&graph, &w, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
+    let got = interpret_and_cpu(&graph, &w, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
 
     let t = |v: &[f32], shape: &[usize]| (shape.to_vec(), v.to_vec());
     let conv = |x: &[f32], w: &[f32], bias: &[f32]| {
