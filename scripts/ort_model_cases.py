@@ -16,6 +16,7 @@ usage: ort_model_cases.py OUT
        ort_model_cases.py --resnet18 FILE [THREADS]   writes ResNet-18 (random weights,
            1x3x224x224, opset 17) and prints onnxruntime's median time on it; time kiln with
            `kiln bench --onnx FILE --bucket 1x1`
+       ort_model_cases.py --mobilenetv2 FILE [THREADS]   the same for MobileNetV2 1.0
 """
 import os
 import sys
@@ -187,23 +188,10 @@ def rotary_positions(out):
     write(out, "rotary_runtime_positions", m, {"x": rand(b, h, s, d), "position_ids": pos}, y)
 
 
-def resnet18(path, threads):
-    m = Model()
-    t = m.conv("x", 3, 64, 7, strides=[2, 2], pads=[3, 3, 3, 3], bias=False)
-    t = m.op("Relu", [m.bn(t, 64)])
-    t = m.op("MaxPool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    cin = 64
-    for i, cout in enumerate([64, 128, 256, 512]):
-        for j in range(2):
-            s = 2 if (j == 0 and i > 0) else 1
-            r = m.op("Relu", [m.bn(m.conv(t, cin, cout, 3, strides=[s, s], pads=[1, 1, 1, 1], bias=False), cout)])
-            r = m.bn(m.conv(r, cout, cout, 3, pads=[1, 1, 1, 1], bias=False), cout)
-            sc = t if (s == 1 and cin == cout) else m.bn(m.conv(t, cin, cout, 1, strides=[s, s], bias=False), cout)
-            t = m.op("Relu", [m.op("Add", [sc, r])])
-            cin = cout
-    t = m.op("Flatten", [m.op("GlobalAveragePool", [t])])
-    t = m.op("Gemm", [t, m.init(rand(1000, 512, scale=0.05)), m.init(rand(1000))], transB=1)
-    graph = helper.make_graph(m.nodes, "resnet18", [helper.make_tensor_value_info("x", F, [1, 3, 224, 224])],
+def save_and_time(m, t, name, path, threads):
+    """Saves the 1x3x224x224 → [1, 1000] classifier `m` (output `t`) to `path` and prints
+    onnxruntime's median time on it."""
+    graph = helper.make_graph(m.nodes, name, [helper.make_tensor_value_info("x", F, [1, 3, 224, 224])],
                               [helper.make_tensor_value_info(t, F, [1, 1000])], m.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -220,6 +208,50 @@ def resnet18(path, threads):
         sess.run(None, {"x": x})
         ms.append((time.perf_counter() - t0) * 1e3)
     print(f"onnxruntime {ort.__version__}, {threads} thread(s): median {np.median(ms):.2f} ms over {len(ms)} runs")
+
+
+def mobilenetv2(path, threads):
+    """MobileNetV2 1.0 (random weights): inverted residual blocks of 1x1 expansion, 3x3
+    depthwise (strides 1 and 2) and 1x1 projection, each with batch norm, ReLU6 as Clip."""
+    m = Model()
+
+    def relu6(t):
+        return m.op("Clip", [t, m.init(np.array(0.0, np.float32)), m.init(np.array(6.0, np.float32))])
+
+    t = relu6(m.bn(m.conv("x", 3, 32, 3, strides=[2, 2], pads=[1, 1, 1, 1], bias=False), 32))
+    cin = 32
+    for e, cout, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]:
+        for j in range(n):
+            st = s if j == 0 else 1
+            h = cin * e
+            r = t if e == 1 else relu6(m.bn(m.conv(t, cin, h, 1, bias=False), h))
+            r = relu6(m.bn(m.conv(r, h, h, 3, group=h, strides=[st, st], pads=[1, 1, 1, 1], bias=False), h))
+            r = m.bn(m.conv(r, h, cout, 1, bias=False), cout)
+            t = m.op("Add", [t, r]) if st == 1 and cin == cout else r
+            cin = cout
+    t = relu6(m.bn(m.conv(t, cin, 1280, 1, bias=False), 1280))
+    t = m.op("Flatten", [m.op("GlobalAveragePool", [t])])
+    t = m.op("Gemm", [t, m.init(rand(1000, 1280, scale=0.05)), m.init(rand(1000))], transB=1)
+    save_and_time(m, t, "mobilenetv2", path, threads)
+
+
+def resnet18(path, threads):
+    m = Model()
+    t = m.conv("x", 3, 64, 7, strides=[2, 2], pads=[3, 3, 3, 3], bias=False)
+    t = m.op("Relu", [m.bn(t, 64)])
+    t = m.op("MaxPool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for i, cout in enumerate([64, 128, 256, 512]):
+        for j in range(2):
+            s = 2 if (j == 0 and i > 0) else 1
+            r = m.op("Relu", [m.bn(m.conv(t, cin, cout, 3, strides=[s, s], pads=[1, 1, 1, 1], bias=False), cout)])
+            r = m.bn(m.conv(r, cout, cout, 3, pads=[1, 1, 1, 1], bias=False), cout)
+            sc = t if (s == 1 and cin == cout) else m.bn(m.conv(t, cin, cout, 1, strides=[s, s], bias=False), cout)
+            t = m.op("Relu", [m.op("Add", [sc, r])])
+            cin = cout
+    t = m.op("Flatten", [m.op("GlobalAveragePool", [t])])
+    t = m.op("Gemm", [t, m.init(rand(1000, 512, scale=0.05)), m.init(rand(1000))], transB=1)
+    save_and_time(m, t, "resnet18", path, threads)
 
 
 def recurrent(out):
@@ -305,8 +337,9 @@ def static_quantized_conv(out):
 
 
 def main():
-    if sys.argv[1] == "--resnet18":
-        resnet18(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
+    if sys.argv[1] in ("--resnet18", "--mobilenetv2"):
+        build = resnet18 if sys.argv[1] == "--resnet18" else mobilenetv2
+        build(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return
     out = sys.argv[1]
     for case in (resnet, mobilenet, decoder, conv1d, conv3d, vit_patch, pixel_shuffle, rotary_positions, recurrent, recurrent_activations, spectral, quantized_conv, static_quantized_conv):

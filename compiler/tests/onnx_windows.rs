@@ -182,13 +182,17 @@ fn conv_matches_its_definition() {
     // Depthwise cases (C = group, one input channel each) import as a product and a sum over
     // the taps instead of a GEMM per group. (C, M, group, spatial, kernel, strides, dilations, pads [begin.., end..] or auto_pad)
     type Case<'a> = (usize, usize, usize, &'a [usize], &'a [usize], &'a [usize], &'a [usize], Result<&'a [i64], &'a str>);
-    let cases: [Case; 13] = [
+    let cases: [Case; 15] = [
         (4, 6, 2, &[7, 6], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 2, 1])),
-        // Stride-1 depthwise: shifted views of the padded input (dilated, asymmetric pads,
-        // SAME_LOWER, 3-D).
+        // Depthwise without multiplier: shifted views of the padded input (dilated, asymmetric
+        // pads, SAME_LOWER, 3-D).
         (5, 5, 5, &[7, 6], &[3, 2], &[1, 1], &[2, 1], Ok(&[2, 0, 1, 1])),
         (6, 6, 6, &[5, 4], &[3, 3], &[1, 1], &[1, 1], Err("SAME_LOWER")),
         (2, 2, 2, &[4, 3, 5], &[2, 2, 3], &[1, 1, 1], &[1, 2, 1], Ok(&[0, 1, 1, 1, 0, 1])),
+        // Strided depthwise: each strided axis split into [blocks, stride] (odd sizes, a
+        // dilation that is not a multiple of the stride, SAME_UPPER).
+        (4, 4, 4, &[9, 8], &[3, 3], &[2, 3], &[1, 2], Ok(&[1, 2, 1, 0])),
+        (3, 3, 3, &[7, 7], &[3, 3], &[2, 2], &[1, 1], Err("SAME_UPPER")),
         // Depthwise with a channel multiplier of 2 and 3 (strided, dilated, padded; 1-D).
         (3, 6, 3, &[7, 5], &[3, 2], &[2, 1], &[1, 2], Ok(&[1, 0, 1, 1])),
         (4, 12, 4, &[9], &[3], &[2], &[2], Ok(&[2, 1])),

@@ -30,6 +30,18 @@ pub(super) const OPS: &[&str] = &[
 /// Gather ids are exact in f32 below this (kiln's constants are f32).
 const ID_LIMIT: usize = 1 << 24;
 
+/// A depthwise convolution's geometry per spatial axis: input, kernel, output, begin pads,
+/// strides, dilations.
+#[derive(Clone, Copy)]
+struct Shift<'a> {
+    s: &'a [usize],
+    k: &'a [usize],
+    o: &'a [usize],
+    pb: &'a [usize],
+    st: &'a [usize],
+    dil: &'a [usize],
+}
+
 /// Ids of one window op at most (the im2col's rows times taps): past it the op is refused
 /// rather than a constant of gigabytes made.
 const IDS_MAX: usize = 1 << 26;
@@ -329,9 +341,9 @@ impl Importer<'_> {
                     (Window::backward(at, &s, &k)?, None)
                 };
                 let pk = win.taps_per_output();
-                // A stride-1 depthwise Conv without channel multiplier: shifted views of the
-                // padded input, no windows (`depthwise_shifted`).
-                let shifted = wop == "Conv" && cg == 1 && g > 1 && mg == 1 && per_axis(at, "strides", s.len())?.iter().all(|&v| v == 1);
+                // A depthwise Conv without channel multiplier: shifted views of the padded input,
+                // no windows (`depthwise_shifted`).
+                let shifted = wop == "Conv" && cg == 1 && g > 1 && mg == 1;
                 let rows = if shifted { x } else { self.windows(name, x, &win, n, c, 0.0)? };
                 // Both weights viewed as [G, a, b, ΠK] and permuted to [G, ΠK, C/G, M/G]; a
                 // depthwise one (one input channel per group) to [ΠK, G, 1, M/G].
@@ -350,9 +362,10 @@ impl Importer<'_> {
                     None
                 };
                 let y = if shifted {
-                    let dil = per_axis(at, "dilations", s.len())?;
+                    let (st, dil) = (per_axis(at, "strides", s.len())?, per_axis(at, "dilations", s.len())?);
                     let pb = pb.unwrap_or_default();
-                    self.depthwise_shifted(name, x, n, c, &s, &k, &win.o, &pb, &dil, wt, bias)?
+                    let geo = Shift { s: &s, k: &k, o: &win.o, pb: &pb, st: &st, dil: &dil };
+                    self.depthwise_shifted(name, x, n, c, &geo, wt, bias)?
                 } else if depthwise {
                     self.depthwise(name, rows, wt, bias, n * win.outputs(), pk, g, mg)?
                 } else {
@@ -642,18 +655,20 @@ impl Importer<'_> {
         Ok(y)
     }
 
-    /// A stride-1 depthwise convolution of `x` (`[N, C, S..]`), one output channel per input
-    /// channel, as `Σ_k shift_k(x) · w_k`: the input laid out once as a padded grid of rows of
-    /// channels `[N, S+pads.., C]` (one Gather from its rows plus a zero row; a reshape where
-    /// nothing pads), each tap `k` a view of it (slices along the spatial axes), times that
-    /// tap's weight row `[1, C]`, the taps summed in order — elementwise ops over views, one
-    /// fused kernel that reads each input element from cache instead of a windows table nine
-    /// times the input (MobileNet's 3×3 layers). `wt` is `[ΠK, C, 1]`; `[N·ΠO, C]` out.
-    #[allow(clippy::too_many_arguments)]
-    fn depthwise_shifted(&mut self, name: &str, x: ValueId, n: usize, c: usize, s: &[usize], k: &[usize], o: &[usize], pb: &[usize], dil: &[usize], wt: ValueId, bias: Option<ValueId>) -> R<ValueId> {
+    /// A depthwise convolution of `x` (`[N, C, S..]`), one output channel per input channel,
+    /// as `Σ_k shift_k(x) · w_k`: the input laid out once as a padded grid of rows of channels
+    /// (one Gather from its rows plus a zero row; a reshape where nothing pads), each tap `k` a
+    /// view of it, times that tap's weight row `[1, C]`, the taps summed in order —
+    /// elementwise ops over views, one fused kernel that reads each input element from cache
+    /// instead of a windows table nine times the input (MobileNet's 3×3 layers). A stride `t`
+    /// along an axis splits it into `[blocks, t]` (the grid padded to whole blocks): tap offset
+    /// `k·dilation` is block `offset / t`, phase `offset % t`, so every view is a slice.
+    /// `wt` is `[ΠK, C, 1]`; `[N·ΠO, C]` out.
+    fn depthwise_shifted(&mut self, name: &str, x: ValueId, n: usize, c: usize, geo: &Shift, wt: ValueId, bias: Option<ValueId>) -> R<ValueId> {
+        let Shift { s, k, o, pb, st, dil } = *geo;
         let d = s.len();
-        // The grid a tap's view spans: outputs plus the kernel's dilated extent.
-        let sp: Vec<usize> = (0..d).map(|j| o[j] + (k[j] - 1) * dil[j]).collect();
+        // The grid the views span: the last output's last tap, rounded up to whole strides.
+        let sp: Vec<usize> = (0..d).map(|j| ((o[j] - 1) * st[j] + (k[j] - 1) * dil[j] + 1).next_multiple_of(st[j])).collect();
         let t = self.channel_rows(name, x)?;
         let ps: usize = s.iter().product();
         let pgrid: usize = sp.iter().product();
@@ -677,7 +692,9 @@ impl Importer<'_> {
                 ids.push(inside(&q).map_or(n * ps, |p| b * ps + p) as i64);
             }
         }
-        let dims: Vec<usize> = std::iter::once(n).chain(sp.iter().copied()).chain(std::iter::once(c)).collect();
+        // [N, sp_1/t_1, t_1, .., C]
+        let dims: Vec<usize> =
+            std::iter::once(n).chain((0..d).flat_map(|j| [sp[j] / st[j], st[j]])).chain(std::iter::once(c)).collect();
         let grid = if ids.iter().enumerate().all(|(i, &v)| v == i as i64) {
             self.reshape(&self.fresh(name), t, &dims)?
         } else {
@@ -688,6 +705,7 @@ impl Importer<'_> {
         };
         let pk: usize = k.iter().product();
         let w = self.reshape(&self.fresh(name), wt, &[pk, c])?;
+        let out: Vec<usize> = std::iter::once(n).chain(o.iter().copied()).chain(std::iter::once(c)).collect();
         let mut acc: Option<ValueId> = None;
         for kf in 0..pk {
             let mut v = grid;
@@ -698,10 +716,17 @@ impl Importer<'_> {
                 r /= k[j];
             }
             for j in 0..d {
-                let start = kidx[j] * dil[j];
-                if start != 0 || o[j] != sp[j] {
-                    v = self.tmp(name, Op::Slice { axis: 1 + j, start, end: Dim::Fixed(start + o[j]) }, vec![v])?;
+                let off = kidx[j] * dil[j];
+                let (block, phase) = (off / st[j], off % st[j]);
+                if block != 0 || o[j] != sp[j] / st[j] {
+                    v = self.tmp(name, Op::Slice { axis: 1 + 2 * j, start: block, end: Dim::Fixed(block + o[j]) }, vec![v])?;
                 }
+                if st[j] > 1 {
+                    v = self.tmp(name, Op::Slice { axis: 2 + 2 * j, start: phase, end: Dim::Fixed(phase + 1) }, vec![v])?;
+                }
+            }
+            if st.iter().any(|&t| t > 1) {
+                v = self.reshape(&self.fresh(name), v, &out)?;
             }
             let wk = self.tmp(name, Op::Slice { axis: 0, start: kf, end: Dim::Fixed(kf + 1) }, vec![w])?;
             let p = self.bin(name, BinaryOp::Mul, v, wk)?;
