@@ -230,6 +230,28 @@ fn sibling_linear_layers_merge_into_one_gemm() {
 }
 
 #[test]
+fn clip_0_6_is_the_microkernels_relu6() {
+    // min(max(x·W + b, 0), 6), ONNX's Clip(0, 6) as imported (MobileNet's ReLU6): the GEMM's
+    // own epilogue (activation code 7 in the CLIF's epilogue struct), both ends reached.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, f(16)], InputRole::Other).unwrap();
+    let ten = b.scalar(10.0).unwrap();
+    let x = b.mul(x, ten).unwrap();
+    let w = b.weight("w", DType::F32, &[16, 20]).unwrap();
+    let bias = b.weight("b", DType::F32, &[20]).unwrap();
+    let y = b.matmul(x, w).unwrap();
+    let y = b.add(y, bias).unwrap();
+    let zero = b.scalar(0.0).unwrap();
+    let six = b.scalar(6.0).unwrap();
+    let y = b.max(y, zero).unwrap();
+    let y = b.binary(BinaryOp::Min, six, y).unwrap();
+    b.output("y", y);
+    let g = b.finish().unwrap();
+    check("relu6", &g, Bucket::new(7, 1), 1e-4);
+    clif_golden("gemm_relu6", &g, Bucket::new(3, 1));
+}
+
+#[test]
 fn unfusable_epilogue_runs_unfused() {
     // x·W scaled then divided by an operand: no microkernel epilogue matches.
     let mut b = GraphBuilder::new();

@@ -30,7 +30,8 @@ use std::mem::offset_of;
 
 /// Version of the table layout and entry semantics; generated code may check it.
 /// 2: `AttentionArgs::flags` (was padding) carries `ATTN_ZERO_NAN_ROWS`.
-pub const KERNEL_ABI_VERSION: u32 = 2;
+/// 3: the GEMM epilogue's activation code 7, `Activation::Relu6`.
+pub const KERNEL_ABI_VERSION: u32 = 3;
 
 /// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
 pub type GemmFn = unsafe extern "C" fn(

@@ -283,8 +283,13 @@ fn status_codes() {
         );
         assert_eq!(y, [1.0, 0.0]);
         assert_eq!(
-            (table.activation_f32)(a.as_ptr(), y.as_mut_ptr(), 2, 7),
-            KernelError::BadActivation(7).code()
+            (table.activation_f32)([7.5f32, -0.0].as_ptr(), y.as_mut_ptr(), 2, 7),
+            0
+        );
+        assert_eq!((y[0], y[1].to_bits()), (6.0, 0), "ReLU6 clamps, and -0 gives +0");
+        assert_eq!(
+            (table.activation_f32)(a.as_ptr(), y.as_mut_ptr(), 2, 8),
+            KernelError::BadActivation(8).code()
         );
     }
 }

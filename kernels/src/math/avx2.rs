@@ -59,6 +59,13 @@ pub fn relu8(x: __m256) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
+pub fn relu6_8(x: __m256) -> __m256 {
+    // SAFETY: as above.
+    unsafe { simd::relu6(x) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
 pub fn sigmoid8(x: __m256) -> __m256 {
     // SAFETY: as above.
     unsafe { simd::sigmoid(x) }
@@ -140,6 +147,7 @@ map_fn!(map_exp, exp8);
 map_fn!(map_erf, erf8);
 map_fn!(map_tanh, tanh8);
 map_fn!(map_relu, relu8);
+map_fn!(map_relu6, relu6_8);
 map_fn!(map_sigmoid, sigmoid8);
 map_fn!(map_silu, silu8);
 map_fn!(map_gelu_erf, gelu_erf8);

@@ -56,11 +56,14 @@ pub enum Activation {
     Tanh = 4,
     Sigmoid = 5,
     Silu = 6,
+    /// `min(max(x, 0), 6)` (ONNX `Clip(x, 0, 6)`, MobileNet's ReLU6): NaN stays NaN, -0
+    /// gives +0, as kiln's graph Max and Min compute it.
+    Relu6 = 7,
 }
 
 impl Activation {
     /// All activations, in code order.
-    pub const ALL: [Activation; 7] = [
+    pub const ALL: [Activation; 8] = [
         Activation::None,
         Activation::Relu,
         Activation::GeluErf,
@@ -68,6 +71,7 @@ impl Activation {
         Activation::Tanh,
         Activation::Sigmoid,
         Activation::Silu,
+        Activation::Relu6,
     ];
 
     /// Decodes the C ABI value.
@@ -86,6 +90,7 @@ impl Activation {
             Activation::Tanh => tanh(x),
             Activation::Sigmoid => sigmoid(x),
             Activation::Silu => silu(x),
+            Activation::Relu6 => relu6(x),
         }
     }
 }
@@ -118,7 +123,7 @@ pub(crate) mod avx2;
 mod softmax;
 
 use coeffs::*;
-pub use scalar::{erf, exp, gelu_erf, gelu_tanh, relu, sigmoid, silu, tanh};
+pub use scalar::{erf, exp, gelu_erf, gelu_tanh, relu, relu6, sigmoid, silu, tanh};
 pub use softmax::softmax_rows;
 pub(crate) use softmax::{exp_shift_sum_raw, scale_raw, softmax_rows_raw};
 
@@ -143,6 +148,7 @@ pub(crate) unsafe fn map_raw(f: Unary, x: *const f32, y: *mut f32, n: usize, isa
                     }
                 }
                 Unary::Act(Activation::Relu) => avx2::map_relu(x, y, n),
+                Unary::Act(Activation::Relu6) => avx2::map_relu6(x, y, n),
                 Unary::Act(Activation::Tanh) => avx2::map_tanh(x, y, n),
                 Unary::Act(Activation::Sigmoid) => avx2::map_sigmoid(x, y, n),
                 Unary::Act(Activation::Silu) => avx2::map_silu(x, y, n),

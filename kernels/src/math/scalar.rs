@@ -71,6 +71,12 @@ pub fn tanh(x: f32) -> f32 {
 
 /// max(x, 0); NaN stays NaN.
 #[inline]
+/// See `simd::relu6` (this is it at one lane).
+pub fn relu6(x: f32) -> f32 {
+    // SAFETY: the one-lane `Lanes` has no target-feature requirement.
+    unsafe { simd::relu6(x) }
+}
+
 pub fn relu(x: f32) -> f32 {
     if x < 0.0 {
         0.0

@@ -118,6 +118,16 @@ pub unsafe fn relu<V: Lanes>(x: V) -> V {
     unsafe { V::splat(0.0).max(x) }
 }
 
+/// `min(max(x, 0), 6)` as kiln's graph Max and Min compute it (ONNX `Clip(x, 0, 6)`): the
+/// max with +0 second gives +0 for ±0, and a NaN input is returned as it is.
+#[inline(always)]
+pub unsafe fn relu6<V: Lanes>(x: V) -> V {
+    unsafe {
+        let r = x.max(V::splat(0.0)).min(V::splat(6.0));
+        V::select(x.unord(x), x, r)
+    }
+}
+
 #[inline(always)]
 pub unsafe fn sigmoid<V: Lanes>(x: V) -> V {
     unsafe {
@@ -240,6 +250,7 @@ pub unsafe fn act<V: Lanes>(act: Activation, x: V) -> V {
             Activation::Tanh => tanh(x),
             Activation::Sigmoid => sigmoid(x),
             Activation::Silu => silu(x),
+            Activation::Relu6 => relu6(x),
         }
     }
 }

@@ -66,5 +66,6 @@ pub fn act64(a: kiln_kernels::math::Activation, x: f64) -> f64 {
         Tanh => x.tanh(),
         Sigmoid => sigmoid64(x),
         Silu => x * sigmoid64(x),
+        Relu6 => if x.is_nan() { x } else { x.clamp(0.0, 6.0) + 0.0 },
     }
 }

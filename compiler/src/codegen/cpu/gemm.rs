@@ -71,6 +71,25 @@ fn activation(op: UnaryOp) -> Option<u32> {
     } as u32)
 }
 
+/// `x` where node `id` is `min(max(x, 0), 6)` (either operand order): ONNX `Clip(x, 0, 6)` as
+/// imported, the microkernel's ReLU6 (kiln's graph Max and Min are symmetric).
+fn relu6_of(e: &Expr, id: ExprId) -> Option<ExprId> {
+    let is_const = |i: ExprId, v: f32| matches!(e.nodes[i as usize], ExprNode::Const(c) if c == v && c.is_sign_positive());
+    let other = |a: ExprId, b: ExprId, v: f32| {
+        if is_const(b, v) {
+            Some(a)
+        } else if is_const(a, v) {
+            Some(b)
+        } else {
+            None
+        }
+    };
+    let ExprNode::Binary(BinaryOp::Min, a, b) = e.nodes[id as usize] else { return None };
+    let m = other(a, b, 6.0)?;
+    let ExprNode::Binary(BinaryOp::Max, c, d) = e.nodes[m as usize] else { return None };
+    other(c, d, 0.0)
+}
+
 /// Operands of a tree of `Add`s rooted at `id`.
 fn add_terms(e: &Expr, id: ExprId, out: &mut Vec<ExprId>) {
     match &e.nodes[id as usize] {
@@ -123,6 +142,7 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
         match &e.nodes[t as usize] {
             ExprNode::Load(l) => post_loads.push(*l),
             ExprNode::Acc | ExprNode::Unary(..) if core.is_none() => core = Some(t),
+            ExprNode::Binary(BinaryOp::Min, ..) if core.is_none() && relu6_of(e, t).is_some() => core = Some(t),
             _ => return None,
         }
     }
@@ -130,6 +150,7 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
     let (act, inner_root) = match &e.nodes[core as usize] {
         ExprNode::Acc => (0, None),
         ExprNode::Unary(op, x) => (activation(*op)?, Some(*x)),
+        ExprNode::Binary(..) => (kiln_kernels::math::Activation::Relu6 as u32, Some(relu6_of(e, core)?)),
         _ => return None,
     };
     let mut bias = None;

@@ -179,12 +179,14 @@ pub struct Importer<'m> {
     /// The rows-of-channels form (`[N·ΠS, C]`) of `[N, C, S..]` values made from one
     /// (`channel_rows.rs`).
     rows: HashMap<ValueId, ValueId>,
+    /// BatchNormalization outputs a convolution applied already (`bn_after_conv`).
+    folded: std::collections::HashSet<String>,
     uniq: std::cell::Cell<usize>,
 }
 
 impl<'m> Importer<'m> {
     pub fn new(m: &'m OnnxModel) -> Self {
-        Importer { m, g: Graph::default(), vals: HashMap::new(), weights: HashMap::new(), derived: Vec::new(), rows: HashMap::new(), uniq: std::cell::Cell::new(0) }
+        Importer { m, g: Graph::default(), vals: HashMap::new(), weights: HashMap::new(), derived: Vec::new(), rows: HashMap::new(), folded: Default::default(), uniq: std::cell::Cell::new(0) }
     }
 
     fn fresh(&self, base: &str) -> String {
@@ -370,6 +372,12 @@ impl<'m> Importer<'m> {
             }));
         }
         let opset = self.m.opset;
+        if n.output.first().is_some_and(|o| self.folded.contains(o)) {
+            // A BatchNormalization its convolution applied: its output is its input.
+            let v = ins.first().cloned().flatten().ok_or_else(|| Fail::Invalid("no input".into()))?;
+            self.vals.insert(n.output[0].clone(), v);
+            return Ok(());
+        }
         if matches!(n.domain(), "" | "ai.onnx") {
             match op {
                 "If" => return self.inline_if(n, &ins, at),

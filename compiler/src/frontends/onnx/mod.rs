@@ -37,7 +37,7 @@ use prost::Message;
 pub use backend::OnnxBackend;
 pub use loader::OnnxLoader;
 use import::{Fail, Importer};
-use proto::{GraphProto, ModelProto, TensorProto};
+use proto::{GraphProto, ModelProto, NodeProto, TensorProto};
 use tensor::Elem;
 
 /// What a named (symbolic) input dim is.
@@ -213,6 +213,25 @@ impl OnnxModel {
 
     pub fn is_used(&self, value: &str) -> bool {
         self.used.contains(value)
+    }
+
+    /// The one node of the main graph that reads `value`, where nothing else does (no graph
+    /// output, no second input slot, no subgraph).
+    pub fn sole_reader(&self, value: &str) -> Option<&NodeProto> {
+        let g = self.graph_proto();
+        if g.output.iter().any(|o| o.name() == value) {
+            return None;
+        }
+        let mut reader = None;
+        for n in &g.node {
+            let reads = n.input.iter().filter(|i| *i == value).count() + order::subgraph_names(n).iter().filter(|i| *i == value).count();
+            match (reads, reader) {
+                (0, _) => {}
+                (1, None) => reader = Some(n),
+                _ => return None,
+            }
+        }
+        reader
     }
 
     /// Each input's concrete shape for `bucket` (its batch and seq dims resolved).

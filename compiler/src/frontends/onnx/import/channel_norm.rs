@@ -13,7 +13,45 @@ use super::{given, one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &["BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN"];
 
+/// A BatchNormalization's known scale, B, mean and var (`p`, one value per channel) as
+/// `y = x·a + b`: a = scale / sqrt(var + eps), b = B - mean·a, in f32 (onnxruntime's order).
+pub(super) fn bn_scale_shift(p: &[Lit], eps: f32) -> (Vec<f64>, Vec<f64>) {
+    let [sc, bi, mean, var] = [0, 1, 2, 3].map(|k| p[k].floats());
+    let a: Vec<f64> = (0..sc.len()).map(|i| (sc[i] as f32 / (var[i] as f32 + eps).sqrt()) as f64).collect();
+    let b: Vec<f64> = (0..sc.len()).map(|i| (bi[i] as f32 - mean[i] as f32 * a[i] as f32) as f64).collect();
+    (a, b)
+}
+
 impl Importer<'_> {
+    /// Where `conv`'s output (`m` channels) is read only by an inference BatchNormalization
+    /// whose parameters are known: that norm's `(a, b)`, and the norm recorded as folded (the
+    /// convolution applies it: weight·a, bias·a + b; the norm's output is then its input, as
+    /// onnxruntime's and tract's Conv+BN fusions do). The GEMM's epilogue is then a bias and
+    /// an activation, which its microkernel applies, instead of a per-column scale that sends
+    /// it through scratch and an elementwise pass.
+    pub(super) fn bn_after_conv(&mut self, conv: &super::NodeProto, m: usize) -> R<Option<(Vec<f64>, Vec<f64>)>> {
+        let Some(out) = conv.output.first() else { return Ok(None) };
+        let Some(bn) = self.m.sole_reader(out) else { return Ok(None) };
+        if bn.op_type() != "BatchNormalization" || !matches!(bn.domain(), "" | "ai.onnx") || bn.input.first() != Some(out) || bn.output.len() != 1 || bn.input.len() != 5 {
+            return Ok(None);
+        }
+        let at = super::Attrs::of(bn);
+        if at.int("training_mode", 0) != 0 || (self.m.opset < 9 && at.int("spatial", 1) == 0) {
+            return Ok(None);
+        }
+        let mut p = Vec::new();
+        for name in &bn.input[1..] {
+            let Some(Val::Lit(l)) = self.vals.get(name).cloned() else { return Ok(None) };
+            let l = self.lit(name, &l)?;
+            if l.shape.iter().product::<usize>() != m || !l.elem.dtype().is_float() {
+                return Ok(None);
+            }
+            p.push(l);
+        }
+        self.folded.insert(bn.output[0].clone());
+        Ok(Some(bn_scale_shift(&p, at.float("epsilon", 1e-5))))
+    }
+
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
     pub(super) fn import_channel_norm(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
         let NodeCx { op, name, n, ins, at, opset } = *cx;
@@ -50,9 +88,7 @@ impl Importer<'_> {
                         v.push(self.lit(&cx.iname(k + 1), l)?);
                     }
                     let weight = v.iter().any(|l| l.weight);
-                    let [sc, bi, mean, var] = [0, 1, 2, 3].map(|k| v[k].floats());
-                    let a: Vec<f64> = (0..c).map(|i| (sc[i] as f32 / (var[i] as f32 + eps).sqrt()) as f64).collect();
-                    let b: Vec<f64> = (0..c).map(|i| (bi[i] as f32 - mean[i] as f32 * a[i] as f32) as f64).collect();
+                    let (a, b) = bn_scale_shift(&v, eps);
                     let out = n.output.first().cloned().unwrap_or_default();
                     let mut lits = [a, b].map(|v| Lit::of(Elem::F32, per_channel.clone(), v));
                     lits.iter_mut().for_each(|l| l.weight = weight);

@@ -354,12 +354,36 @@ impl Importer<'_> {
                     (true, true) => ([g, mg, cg, pk], [3, 0, 2, 1]),
                     (false, true) => ([g, cg, mg, pk], [3, 0, 1, 2]),
                 };
-                let wt = self.window_weight(name, &cx.iname(w_at), &w, view, perm, op)?;
-                let bias = if op != "ConvInteger" && given(ins, b_at) {
-                    let b = self.node(&cx.iname(b_at), &cx.inp(b_at)?)?;
-                    Some(self.norm_channel(name, b, m, dt, "bias")?)
-                } else {
-                    None
+                let (mut w, mut wname) = (w, cx.iname(w_at));
+                let mut b_val = (op != "ConvInteger" && given(ins, b_at)).then(|| cx.inp(b_at)).transpose()?;
+                let mut bname = cx.iname(b_at);
+                let known = |v: &Option<Val>| v.as_ref().is_none_or(|v| matches!(v, Val::Lit(_)));
+                if op == "Conv" && dt == DType::F32 && matches!(w, Val::Lit(_)) && known(&b_val) {
+                    if let Some((a, b)) = self.bn_after_conv(cx.n, m)? {
+                        let Val::Lit(l) = &w else { unreachable!("a literal weight") };
+                        let l = self.lit(&wname, l)?;
+                        let per = l.shape.iter().product::<usize>() / m;
+                        let scaled: Vec<f64> = l.floats().iter().enumerate().map(|(i, &v)| (v as f32 * a[i / per] as f32) as f64).collect();
+                        let bias: Vec<f64> = match &b_val {
+                            Some(Val::Lit(bl)) => {
+                                let bl = self.lit(&bname, bl)?;
+                                bl.floats().iter().zip(&a).zip(&b).map(|((&v, &a), &b)| (v as f32 * a as f32 + b as f32) as f64).collect()
+                            }
+                            _ => b.clone(),
+                        };
+                        let bn_out = self.m.sole_reader(&cx.n.output[0]).map(|n| n.output[0].clone()).unwrap_or_default();
+                        (wname, bname) = (format!("{wname}+{bn_out}"), format!("{bn_out}.bias"));
+                        w = Val::Lit(Lit { weight: true, ..Lit::of(Elem::F32, l.shape.clone(), scaled) });
+                        b_val = Some(Val::Lit(Lit::of(Elem::F32, vec![m], bias)));
+                    }
+                }
+                let wt = self.window_weight(name, &wname, &w, view, perm, op)?;
+                let bias = match b_val {
+                    Some(b) => {
+                        let b = self.node(&bname, &b)?;
+                        Some(self.norm_channel(name, b, m, dt, "bias")?)
+                    }
+                    None => None,
                 };
                 let y = if shifted {
                     let (st, dil) = (per_axis(at, "strides", s.len())?, per_axis(at, "dilations", s.len())?);
