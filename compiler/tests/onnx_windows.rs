@@ -457,4 +457,35 @@ fn conv_chains_stay_in_rows_of_channels() {
     let want = run("Mul", &[("a", xs.clone(), sg), ("b", vec![], two)], vec![]).unwrap().to_f32_vec();
     assert_eq!(got.shape, xs);
     close(&got.to_f32_vec(), &want, "conv chain");
+
+    // The BatchNormalization folded into its Conv (its only reader): one GEMM, no multiply
+    // left for the norm. With a second reader of the Conv's output it stays a norm.
+    let kernels = |dump: &str, op: &str| dump.lines().filter(|l| l.contains(&format!("= {op}("))).count();
+    assert_eq!(kernels(&dump, "mul"), 1, "the norm folded (one mul: Sigmoid·2)\n{dump}");
+    let g2 = GraphProto {
+        node: vec![
+            nd("Conv", &["x", "w1", "b1"], "c1", pads()),
+            nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
+            nd("Relu", &["c1"], "r", vec![]),
+            nd("Add", &["bn", "r"], "y", vec![]),
+        ],
+        input: vec![vi("x", &xs)],
+        initializer: init.iter().map(|(name, shape, v)| f32_tensor(name, shape, v)).collect(),
+        output: vec![kiln_testkit::onnx_proto::value_info("y", 1, &[])],
+        ..Default::default()
+    };
+    let p2 = dir.path().join("m2.onnx");
+    std::fs::write(&p2, kiln_testkit::onnx_proto::model(g2, 19).encode_to_vec()).unwrap();
+    let m2 = OnnxModel::open(&p2, &[]).unwrap();
+    let graph2 = m2.graph_for(b).unwrap();
+    let w2s = m2.weights(&graph2).unwrap();
+    let dump2 = kiln_compiler::pipeline::dump_after(&graph2, b, "dce").unwrap();
+    assert_eq!(kernels(&dump2, "mul"), 1, "the norm kept: its multiply\n{dump2}");
+    let got2 = interpret_and_cpu(&graph2, &w2s, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
+    let r1 = run("Relu", &[("x", xs.clone(), c1.clone())], vec![]).unwrap().to_f32_vec();
+    let bn_ins: Vec<(&str, Vec<usize>, Vec<f32>)> =
+        [("x", t(&c1, &xs))].into_iter().chain(["scale", "shift", "mean", "var"].iter().zip(&bn).map(|(k, v)| (*k, t(v, &[c])))).map(|(k, (s, v))| (k, s, v)).collect();
+    let bn1 = run("BatchNormalization", &bn_ins, vec![]).unwrap().to_f32_vec();
+    let want2 = run("Add", &[("a", xs.clone(), bn1), ("b", xs.clone(), r1)], vec![]).unwrap().to_f32_vec();
+    close(&got2.to_f32_vec(), &want2, "conv read by a norm and a relu");
 }
