@@ -30,10 +30,12 @@ pub(super) const OPS: &[&str] = &[
 /// Gather ids are exact in f32 below this (kiln's constants are f32).
 const ID_LIMIT: usize = 1 << 24;
 
-/// A depthwise convolution's geometry per spatial axis: input, kernel, output, begin pads,
-/// strides, dilations.
+/// A depthwise convolution's geometry: batch, channels, and per spatial axis input, kernel,
+/// output, begin pads, strides, dilations.
 #[derive(Clone, Copy)]
 struct Shift<'a> {
+    n: usize,
+    c: usize,
     s: &'a [usize],
     k: &'a [usize],
     o: &'a [usize],
@@ -388,8 +390,8 @@ impl Importer<'_> {
                 let y = if shifted {
                     let (st, dil) = (per_axis(at, "strides", s.len())?, per_axis(at, "dilations", s.len())?);
                     let pb = pb.unwrap_or_default();
-                    let geo = Shift { s: &s, k: &k, o: &win.o, pb: &pb, st: &st, dil: &dil };
-                    self.depthwise_shifted(name, x, n, c, &geo, wt, bias)?
+                    let geo = Shift { n, c, s: &s, k: &k, o: &win.o, pb: &pb, st: &st, dil: &dil };
+                    self.depthwise_shifted(name, x, &geo, wt, bias)?
                 } else if depthwise {
                     self.depthwise(name, rows, wt, bias, n * win.outputs(), pk, g, mg)?
                 } else {
@@ -688,8 +690,8 @@ impl Importer<'_> {
     /// along an axis splits it into `[blocks, t]` (the grid padded to whole blocks): tap offset
     /// `k·dilation` is block `offset / t`, phase `offset % t`, so every view is a slice.
     /// `wt` is `[ΠK, C, 1]`; `[N·ΠO, C]` out.
-    fn depthwise_shifted(&mut self, name: &str, x: ValueId, n: usize, c: usize, geo: &Shift, wt: ValueId, bias: Option<ValueId>) -> R<ValueId> {
-        let Shift { s, k, o, pb, st, dil } = *geo;
+    fn depthwise_shifted(&mut self, name: &str, x: ValueId, geo: &Shift, wt: ValueId, bias: Option<ValueId>) -> R<ValueId> {
+        let Shift { n, c, s, k, o, pb, st, dil } = *geo;
         let d = s.len();
         // The grid the views span: the last output's last tap, rounded up to whole strides.
         let sp: Vec<usize> = (0..d).map(|j| ((o[j] - 1) * st[j] + (k[j] - 1) * dil[j] + 1).next_multiple_of(st[j])).collect();
