@@ -526,6 +526,18 @@ fn attr_value() -> impl Strategy<Value = AttrValue> {
     ]
 }
 
+/// One node's op (from `ops`), up to `max_ins - 1` inputs, attributes and output count.
+type SingleOp = (&'static str, Vec<NodeInput>, Vec<(usize, AttrValue)>, usize);
+
+fn single_op(ops: Vec<&'static str>, max_ins: usize) -> impl Strategy<Value = SingleOp> {
+    (
+        proptest::sample::select(ops),
+        proptest::collection::vec(node_input(), 0..max_ins),
+        proptest::collection::vec((0usize..64, attr_value()), 0..4),
+        prop_oneof![6 => Just(1usize), 1 => 2usize..4],
+    )
+}
+
 /// A model of one node of a supported op (of `domain`: "" or "com.microsoft") over arbitrary
 /// inputs and attributes.
 fn single_node_model(op: &str, domain: &str, ins: &[NodeInput], attrs: &[(usize, AttrValue)], outs: usize) -> Vec<u8> {
@@ -700,37 +712,22 @@ proptest! {
     /// empty ones included, integer and float initializers, omitted optional inputs) and
     /// attributes of any type.
     #[test]
-    fn onnx_single_ops(
-        op in proptest::sample::select(kiln_compiler::frontends::onnx::import::supported_ops()),
-        ins in proptest::collection::vec(node_input(), 0..5),
-        attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
-        outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
-    ) {
-        run_single_node(&single_node_model(op, "", &ins, &attrs, outs));
+    fn onnx_single_ops(c in single_op(kiln_compiler::frontends::onnx::import::supported_ops(), 5)) {
+        run_single_node(&single_node_model(c.0, "", &c.1, &c.2, c.3));
     }
 
     /// The same with the op's rank ≥ 3 float inputs made by a window op: what the importer
     /// does with values it holds as rows of channels.
     #[test]
-    fn onnx_single_ops_after_a_window_op(
-        op in proptest::sample::select(kiln_compiler::frontends::onnx::import::supported_ops()),
-        ins in proptest::collection::vec(node_input(), 0..5),
-        attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
-        outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
-    ) {
-        run_single_node(&after_window_op(&single_node_model(op, "", &ins, &attrs, outs)));
+    fn onnx_single_ops_after_a_window_op(c in single_op(kiln_compiler::frontends::onnx::import::supported_ops(), 5)) {
+        run_single_node(&after_window_op(&single_node_model(c.0, "", &c.1, &c.2, c.3)));
     }
 
     /// The same for every `com.microsoft` op the importer knows (the contrib ops of optimized
     /// and quantized exports).
     #[test]
-    fn onnx_single_contrib_ops(
-        op in proptest::sample::select(kiln_compiler::frontends::onnx::import::supported_contrib_ops()),
-        ins in proptest::collection::vec(node_input(), 0..8),
-        attrs in proptest::collection::vec((0usize..64, attr_value()), 0..4),
-        outs in prop_oneof![6 => Just(1usize), 1 => 2usize..4],
-    ) {
-        run_single_node(&single_node_model(op, "com.microsoft", &ins, &attrs, outs));
+    fn onnx_single_contrib_ops(c in single_op(kiln_compiler::frontends::onnx::import::supported_contrib_ops(), 8)) {
+        run_single_node(&single_node_model(c.0, "com.microsoft", &c.1, &c.2, c.3));
     }
 
     /// Not bytes but the shapes and attributes of RotaryEmbedding and Attention: the importer's

@@ -378,6 +378,25 @@ fn f32_tensor(name: &str, shape: &[usize], v: &[f32]) -> TensorProto {
     }
 }
 
+/// The model of `nodes` over input `x` (shape `xs`) and f32 initializers `init`, written to
+/// `dir/file`, imported for `b`: its graph, weights and IR after the middle end's `dce`.
+fn chain_model(dir: &std::path::Path, file: &str, nodes: Vec<NodeProto>, xs: &[usize], init: &[(&str, Vec<usize>, Vec<f32>)], b: Bucket) -> (kiln_runtime::Graph, Vec<HostTensor>, String) {
+    let g = GraphProto {
+        node: nodes,
+        input: vec![vi("x", xs)],
+        initializer: init.iter().map(|(name, shape, v)| f32_tensor(name, shape, v)).collect(),
+        output: vec![kiln_testkit::onnx_proto::value_info("y", 1, &[])],
+        ..Default::default()
+    };
+    let p = dir.join(file);
+    std::fs::write(&p, kiln_testkit::onnx_proto::model(g, 19).encode_to_vec()).unwrap();
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let graph = m.graph_for(b).unwrap();
+    let w = m.weights(&graph).unwrap();
+    let dump = kiln_compiler::pipeline::dump_after(&graph, b, "dce").unwrap();
+    (graph, w, dump)
+}
+
 /// A node of the chain test: op, inputs, output, attributes.
 fn nd(op: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
@@ -415,29 +434,18 @@ fn conv_chains_stay_in_rows_of_channels() {
     for (k, name) in ["scale", "shift", "mean", "var"].iter().enumerate() {
         init.push((name, vec![c], bn[k].clone()));
     }
-    let g = GraphProto {
-        node: vec![
-            nd("Conv", &["x", "w1", "b1"], "c1", pads()),
-            nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
-            nd("Relu", &["bn"], "r", vec![]),
-            nd("Add", &["r", "x"], "res", vec![]),
-            nd("Conv", &["res", "w2", "b2"], "c2", pads()),
-            nd("Sigmoid", &["c2"], "sg", vec![]),
-            nd("Mul", &["sg", "two"], "y", vec![]),
-        ],
-        input: vec![vi("x", &xs)],
-        initializer: init.iter().map(|(name, shape, v)| f32_tensor(name, shape, v)).collect(),
-        output: vec![kiln_testkit::onnx_proto::value_info("y", 1, &[])],
-        ..Default::default()
-    };
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("m.onnx");
-    std::fs::write(&p, kiln_testkit::onnx_proto::model(g, 19).encode_to_vec()).unwrap();
-    let m = OnnxModel::open(&p, &[]).unwrap();
     let b = Bucket::new(1, 1);
-    let graph = m.graph_for(b).unwrap();
-    let w = m.weights(&graph).unwrap();
-    let dump = kiln_compiler::pipeline::dump_after(&graph, b, "dce").unwrap();
+    let nodes = vec![
+        nd("Conv", &["x", "w1", "b1"], "c1", pads()),
+        nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
+        nd("Relu", &["bn"], "r", vec![]),
+        nd("Add", &["r", "x"], "res", vec![]),
+        nd("Conv", &["res", "w2", "b2"], "c2", pads()),
+        nd("Sigmoid", &["c2"], "sg", vec![]),
+        nd("Mul", &["sg", "two"], "y", vec![]),
+    ];
+    let (graph, w, dump) = chain_model(dir.path(), "m.onnx", nodes, &xs, &init, b);
     let transposes = dump.lines().filter(|l| l.contains("= transpose(")).count();
     assert_eq!(transposes, 2, "transposes left in\n{dump}");
     let got = interpret_and_cpu(&graph, &w, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
@@ -447,9 +455,12 @@ fn conv_chains_stay_in_rows_of_channels() {
         run("Conv", &[("x", xs.clone(), x.to_vec()), ("w", ws.clone(), w.to_vec()), ("b", vec![c], bias.to_vec())], pads()).unwrap().to_f32_vec()
     };
     let c1 = conv(&x, &w1, &b1);
-    let bn_ins: Vec<(&str, Vec<usize>, Vec<f32>)> =
-        [("x", t(&c1, &xs))].into_iter().chain(["scale", "shift", "mean", "var"].iter().zip(&bn).map(|(k, v)| (*k, t(v, &[c])))).map(|(k, (s, v))| (k, s, v)).collect();
-    let y_bn = run("BatchNormalization", &bn_ins, vec![]).unwrap().to_f32_vec();
+    let norm = |v: &[f32]| {
+        let ins: Vec<(&str, Vec<usize>, Vec<f32>)> =
+            [("x", t(v, &xs))].into_iter().chain(["scale", "shift", "mean", "var"].iter().zip(&bn).map(|(k, v)| (*k, t(v, &[c])))).map(|(k, (s, v))| (k, s, v)).collect();
+        run("BatchNormalization", &ins, vec![]).unwrap().to_f32_vec()
+    };
+    let y_bn = norm(&c1);
     let r = run("Relu", &[("x", xs.clone(), y_bn)], vec![]).unwrap().to_f32_vec();
     let res = run("Add", &[("a", xs.clone(), r), ("b", xs.clone(), x.clone())], vec![]).unwrap().to_f32_vec();
     let c2 = conv(&res, &w2, &b2);
@@ -462,30 +473,17 @@ fn conv_chains_stay_in_rows_of_channels() {
     // left for the norm. With a second reader of the Conv's output it stays a norm.
     let kernels = |dump: &str, op: &str| dump.lines().filter(|l| l.contains(&format!("= {op}("))).count();
     assert_eq!(kernels(&dump, "mul"), 1, "the norm folded (one mul: Sigmoid·2)\n{dump}");
-    let g2 = GraphProto {
-        node: vec![
-            nd("Conv", &["x", "w1", "b1"], "c1", pads()),
-            nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
-            nd("Relu", &["c1"], "r", vec![]),
-            nd("Add", &["bn", "r"], "y", vec![]),
-        ],
-        input: vec![vi("x", &xs)],
-        initializer: init.iter().map(|(name, shape, v)| f32_tensor(name, shape, v)).collect(),
-        output: vec![kiln_testkit::onnx_proto::value_info("y", 1, &[])],
-        ..Default::default()
-    };
-    let p2 = dir.path().join("m2.onnx");
-    std::fs::write(&p2, kiln_testkit::onnx_proto::model(g2, 19).encode_to_vec()).unwrap();
-    let m2 = OnnxModel::open(&p2, &[]).unwrap();
-    let graph2 = m2.graph_for(b).unwrap();
-    let w2s = m2.weights(&graph2).unwrap();
-    let dump2 = kiln_compiler::pipeline::dump_after(&graph2, b, "dce").unwrap();
+    let nodes = vec![
+        nd("Conv", &["x", "w1", "b1"], "c1", pads()),
+        nd("BatchNormalization", &["c1", "scale", "shift", "mean", "var"], "bn", vec![]),
+        nd("Relu", &["c1"], "r", vec![]),
+        nd("Add", &["bn", "r"], "y", vec![]),
+    ];
+    let (graph2, w2s, dump2) = chain_model(dir.path(), "m2.onnx", nodes, &xs, &init, b);
     assert_eq!(kernels(&dump2, "mul"), 1, "the norm kept: its multiply\n{dump2}");
     let got2 = interpret_and_cpu(&graph2, &w2s, &[HostTensor::f32(xs.clone(), x.clone()).unwrap()], b).unwrap().remove(0);
     let r1 = run("Relu", &[("x", xs.clone(), c1.clone())], vec![]).unwrap().to_f32_vec();
-    let bn_ins: Vec<(&str, Vec<usize>, Vec<f32>)> =
-        [("x", t(&c1, &xs))].into_iter().chain(["scale", "shift", "mean", "var"].iter().zip(&bn).map(|(k, v)| (*k, t(v, &[c])))).map(|(k, (s, v))| (k, s, v)).collect();
-    let bn1 = run("BatchNormalization", &bn_ins, vec![]).unwrap().to_f32_vec();
+    let bn1 = norm(&c1);
     let want2 = run("Add", &[("a", xs.clone(), bn1), ("b", xs.clone(), r1)], vec![]).unwrap().to_f32_vec();
     close(&got2.to_f32_vec(), &want2, "conv read by a norm and a relu");
 }
