@@ -22,14 +22,21 @@ pub(super) fn bn_scale_shift(p: &[Lit], eps: f32) -> (Vec<f64>, Vec<f64>) {
     (a, b)
 }
 
+/// A BatchNormalization a convolution applies: `y = x·a + b` per channel, and the norm's output.
+pub(super) struct FoldedBn {
+    pub a: Vec<f64>,
+    pub b: Vec<f64>,
+    pub out: String,
+}
+
 impl Importer<'_> {
     /// Where `conv`'s output (`m` channels) is read only by an inference BatchNormalization
-    /// whose parameters are known: that norm's `(a, b)`, and the norm recorded as folded (the
+    /// whose parameters are known: that norm's `(a, b)` and output name, the norm recorded as folded (the
     /// convolution applies it: weight·a, bias·a + b; the norm's output is then its input, as
     /// onnxruntime's and tract's Conv+BN fusions do). The GEMM's epilogue is then a bias and
     /// an activation, which its microkernel applies, instead of a per-column scale that sends
     /// it through scratch and an elementwise pass.
-    pub(super) fn bn_after_conv(&mut self, conv: &super::NodeProto, m: usize) -> R<Option<(Vec<f64>, Vec<f64>)>> {
+    pub(super) fn bn_after_conv(&mut self, conv: &super::NodeProto, m: usize) -> R<Option<FoldedBn>> {
         let Some(out) = conv.output.first() else { return Ok(None) };
         let Some(bn) = self.m.sole_reader(out) else { return Ok(None) };
         if bn.op_type() != "BatchNormalization" || !matches!(bn.domain(), "" | "ai.onnx") || bn.input.first() != Some(out) || bn.output.len() != 1 || bn.input.len() != 5 {
@@ -48,8 +55,10 @@ impl Importer<'_> {
             }
             p.push(l);
         }
-        self.folded.insert(bn.output[0].clone());
-        Ok(Some(bn_scale_shift(&p, at.float("epsilon", 1e-5))))
+        let out = bn.output[0].clone();
+        self.folded.insert(out.clone());
+        let (a, b) = bn_scale_shift(&p, at.float("epsilon", 1e-5));
+        Ok(Some(FoldedBn { a, b, out }))
     }
 
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.

@@ -361,7 +361,7 @@ impl Importer<'_> {
                 let mut bname = cx.iname(b_at);
                 let known = |v: &Option<Val>| v.as_ref().is_none_or(|v| matches!(v, Val::Lit(_)));
                 if op == "Conv" && dt == DType::F32 && matches!(w, Val::Lit(_)) && known(&b_val) {
-                    if let Some((a, b)) = self.bn_after_conv(cx.n, m)? {
+                    if let Some(super::channel_norm::FoldedBn { a, b, out: bn_out }) = self.bn_after_conv(cx.n, m)? {
                         let Val::Lit(l) = &w else { unreachable!("a literal weight") };
                         let l = self.lit(&wname, l)?;
                         let per = l.shape.iter().product::<usize>() / m;
@@ -373,7 +373,6 @@ impl Importer<'_> {
                             }
                             _ => b.clone(),
                         };
-                        let bn_out = self.m.sole_reader(&cx.n.output[0]).map(|n| n.output[0].clone()).unwrap_or_default();
                         (wname, bname) = (format!("{wname}+{bn_out}"), format!("{bn_out}.bias"));
                         w = Val::Lit(Lit { weight: true, ..Lit::of(Elem::F32, l.shape.clone(), scaled) });
                         b_val = Some(Val::Lit(Lit::of(Elem::F32, vec![m], bias)));
