@@ -23,7 +23,7 @@ impl Importer<'_> {
             // the value, `edge`, `reflect` and `wrap` gather along the axis by known indices
             // (numpy's rules, reflection repeating past the edge as np.pad's does).
             "Pad" => {
-                let mut y = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let y = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let r = self.shape(&Val::Node(y)).len();
                 let mut run_value = None;
                 let (pads, value, axes) = if opset < 11 {
@@ -61,73 +61,7 @@ impl Importer<'_> {
                     return unsup(format!("Pad mode `{mode}`"));
                 }
                 let dt = self.dtype(&Val::Node(y));
-                for (k, &ax) in axes.iter().enumerate() {
-                    let (b, e) = (pads[k], pads[k + axes.len()]);
-                    let mut s = self.shape(&Val::Node(y));
-                    let n = s[ax] as i64;
-                    if b < 0 || e < 0 {
-                        let (start, end) = ((-b).max(0), n - (-e).max(0));
-                        if start >= end {
-                            return unsup(format!("Pad cropping axis {ax} of {n} to nothing (kiln has no empty tensors)"));
-                        }
-                        y = self.tmp(name, Op::Slice { axis: ax, start: start as usize, end: Dim::Fixed(end as usize) }, vec![y])?;
-                        s = self.shape(&Val::Node(y));
-                    }
-                    let (b, e, n) = (b.max(0) as usize, e.max(0) as usize, s[ax]);
-                    if b == 0 && e == 0 {
-                        continue;
-                    }
-                    // The padded value, and the blocks or indices made for it, are bounded as
-                    // folded literals are.
-                    let mut padded = s.clone();
-                    padded[ax] = n.checked_add(b).and_then(|v| v.checked_add(e)).ok_or_else(|| Fail::Invalid(format!("pads {b} and {e}")))?;
-                    super::super::lit::fold_numel(&padded, s.iter().product())?;
-                    if mode == "constant" {
-                        let elem = match dt {
-                            DType::F16 => Elem::F16,
-                            DType::BF16 => Elem::BF16,
-                            DType::F32 => Elem::F32,
-                            _ => Elem::I64,
-                        };
-                        let mut parts = Vec::new();
-                        for (len, before) in [(b, true), (e, false)] {
-                            if len == 0 {
-                                continue;
-                            }
-                            let mut bs = s.clone();
-                            bs[ax] = len;
-                            let numel = bs.iter().product();
-                            let mut blk = self.node(&self.fresh(name), &Val::Lit(Lit::of(elem, bs, vec![value; numel])))?;
-                            if let Some(v) = run_value {
-                                let v = self.cast_to(name, v, dt)?;
-                                blk = self.tmp(name, Op::Binary(BinaryOp::Add), vec![blk, v])?;
-                            }
-                            parts.push((before, blk));
-                        }
-                        let mut ins: Vec<ValueId> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
-                        ins.push(y);
-                        ins.extend(parts.iter().filter(|p| !p.0).map(|p| p.1));
-                        y = self.tmp(name, Op::Concat { axis: ax }, ins)?;
-                    } else {
-                        let (ni, period) = (n as i64, 2 * (n as i64 - 1));
-                        let ids: Vec<f64> = (0..(b + n + e) as i64)
-                            .map(|i| {
-                                let j = i - b as i64;
-                                (match mode.as_str() {
-                                    "edge" => j.clamp(0, ni - 1),
-                                    "wrap" => j.rem_euclid(ni),
-                                    _ if ni == 1 => 0,
-                                    _ => {
-                                        let m = j.rem_euclid(period);
-                                        if m < ni { m } else { period - m }
-                                    }
-                                }) as f64
-                            })
-                            .collect();
-                        let ids = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, vec![ids.len()], ids)))?;
-                        y = self.gather_axis(&self.fresh(name), y, &s, ax, ids, false)?;
-                    }
-                }
+                let y = self.pad_axes(name, y, &axes, &pads, &mode, value, run_value)?;
                 one(self.push(name, Op::Cast { to: dt }, vec![y])?)
             }
             // The upper (or lower) triangle from diagonal k, as Where with a known mask.
@@ -155,7 +89,7 @@ impl Importer<'_> {
             }
             // Each listed axis cut or zero-padded to its target, centred (the odd one at the end).
             "CenterCropPad" => {
-                let mut y = self.node(&cx.iname(0), &cx.inp(0)?)?;
+                let y = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(y));
                 let r = s.len();
                 let target = cx.lit_of(1, "CenterCropPad's shape")?.ints();
@@ -166,32 +100,19 @@ impl Importer<'_> {
                 if target.len() != axes.len() || target.iter().any(|&t| !(1..=1 << 24).contains(&t)) {
                     return Err(Fail::Invalid(format!("CenterCropPad to {target:?} over axes {axes:?}")));
                 }
-                let dt = self.dtype(&Val::Node(y));
+                // As Pad's: begins then ends, negative where the axis is cut (an axis listed
+                // twice is sized from its first target, as the pads apply in order).
+                let mut dims: Vec<i64> = s.iter().map(|&d| d as i64).collect();
+                let (mut begins, mut ends) = (Vec::new(), Vec::new());
                 for (&a, &t) in axes.iter().zip(&target) {
-                    let (dim, t) = (self.shape(&Val::Node(y))[a], t as usize);
-                    if t < dim {
-                        let start = (dim - t) / 2;
-                        y = self.tmp(name, Op::Slice { axis: a, start, end: Dim::Fixed(start + t) }, vec![y])?;
-                    } else if t > dim {
-                        let before = (t - dim) / 2;
-                        let mut parts = Vec::new();
-                        for (k, len) in [(0, before), (1, 0), (2, t - dim - before)] {
-                            if k == 1 {
-                                parts.push(y);
-                                continue;
-                            }
-                            if len == 0 {
-                                continue;
-                            }
-                            let mut zs = self.shape(&Val::Node(y));
-                            zs[a] = len;
-                            let n = super::super::lit::fold_numel(&zs, 0).map_err(Fail::Invalid)?;
-                            let z = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, zs, vec![0.0; n])))?;
-                            parts.push(self.cast_to(name, z, dt)?);
-                        }
-                        y = self.tmp(name, Op::Concat { axis: a }, parts)?;
-                    }
+                    let dim = dims[a];
+                    let b = if t < dim { -((dim - t) / 2) } else { (t - dim) / 2 };
+                    begins.push(b);
+                    ends.push(t - dim - b);
+                    dims[a] = t;
                 }
+                let pads: Vec<i64> = begins.into_iter().chain(ends).collect();
+                let y = self.pad_axes(name, y, &axes, &pads, "constant", 0.0, None)?;
                 one(self.reshape(name, y, &self.shape(&Val::Node(y)))?)
             }
             "Trilu" => {
@@ -374,5 +295,81 @@ impl Importer<'_> {
             }
             _ => unsup(format!("op `{op}` is not supported")),
         }
+    }
+
+    /// `y` padded along each of `axes` by `pads` (begins, then ends; a negative one crops):
+    /// `constant` concatenates blocks of `value` (plus `run_value` where the value is computed
+    /// at run time), `edge`, `reflect` and `wrap` gather along the axis by known indices.
+    #[allow(clippy::too_many_arguments)]
+    fn pad_axes(&mut self, name: &str, mut y: ValueId, axes: &[usize], pads: &[i64], mode: &str, value: f64, run_value: Option<ValueId>) -> R<ValueId> {
+        let dt = self.dtype(&Val::Node(y));
+        for (k, &ax) in axes.iter().enumerate() {
+            let (b, e) = (pads[k], pads[k + axes.len()]);
+            let mut s = self.shape(&Val::Node(y));
+            let n = s[ax] as i64;
+            if b < 0 || e < 0 {
+                let (start, end) = ((-b).max(0), n - (-e).max(0));
+                if start >= end {
+                    return unsup(format!("Pad cropping axis {ax} of {n} to nothing (kiln has no empty tensors)"));
+                }
+                y = self.tmp(name, Op::Slice { axis: ax, start: start as usize, end: Dim::Fixed(end as usize) }, vec![y])?;
+                s = self.shape(&Val::Node(y));
+            }
+            let (b, e, n) = (b.max(0) as usize, e.max(0) as usize, s[ax]);
+            if b == 0 && e == 0 {
+                continue;
+            }
+            // The padded value, and the blocks or indices made for it, are bounded as
+            // folded literals are.
+            let mut padded = s.clone();
+            padded[ax] = n.checked_add(b).and_then(|v| v.checked_add(e)).ok_or_else(|| Fail::Invalid(format!("pads {b} and {e}")))?;
+            super::super::lit::fold_numel(&padded, s.iter().product())?;
+            if mode == "constant" {
+                let elem = match dt {
+                    DType::F16 => Elem::F16,
+                    DType::BF16 => Elem::BF16,
+                    DType::F32 => Elem::F32,
+                    _ => Elem::I64,
+                };
+                let mut parts = Vec::new();
+                for (len, before) in [(b, true), (e, false)] {
+                    if len == 0 {
+                        continue;
+                    }
+                    let mut bs = s.clone();
+                    bs[ax] = len;
+                    let numel = bs.iter().product();
+                    let mut blk = self.node(&self.fresh(name), &Val::Lit(Lit::of(elem, bs, vec![value; numel])))?;
+                    if let Some(v) = run_value {
+                        let v = self.cast_to(name, v, dt)?;
+                        blk = self.tmp(name, Op::Binary(BinaryOp::Add), vec![blk, v])?;
+                    }
+                    parts.push((before, blk));
+                }
+                let mut ins: Vec<ValueId> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
+                ins.push(y);
+                ins.extend(parts.iter().filter(|p| !p.0).map(|p| p.1));
+                y = self.tmp(name, Op::Concat { axis: ax }, ins)?;
+            } else {
+                let (ni, period) = (n as i64, 2 * (n as i64 - 1));
+                let ids: Vec<f64> = (0..(b + n + e) as i64)
+                    .map(|i| {
+                        let j = i - b as i64;
+                        (match mode {
+                            "edge" => j.clamp(0, ni - 1),
+                            "wrap" => j.rem_euclid(ni),
+                            _ if ni == 1 => 0,
+                            _ => {
+                                let m = j.rem_euclid(period);
+                                if m < ni { m } else { period - m }
+                            }
+                        }) as f64
+                    })
+                    .collect();
+                let ids = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::I64, vec![ids.len()], ids)))?;
+                y = self.gather_axis(&self.fresh(name), y, &s, ax, ids, false)?;
+            }
+        }
+        Ok(y)
     }
 }
