@@ -47,8 +47,13 @@ pub struct Arena {
 
 impl Arena {
     pub fn new(len: usize) -> Result<Self> {
+        Self::zeroed(len, "an arena")
+    }
+    /// `len` zeroed bytes; `what` names them in the error where they cannot be had. (Also the
+    /// prepared weights' memory, `cpu/weights.rs`.)
+    pub fn zeroed(len: usize, what: &str) -> Result<Self> {
         let map = memmap2::MmapMut::map_anon(len.max(1))
-            .map_err(|e| Error::environment(format!("cannot allocate an arena of {len} bytes: {e}")))?;
+            .map_err(|e| Error::environment(format!("cannot allocate {what} of {len} bytes: {e}")))?;
         huge_pages(&map);
         Ok(Arena { map, len })
     }
@@ -78,7 +83,7 @@ impl Arena {
 /// (ResNet-18: ~50 MB) overflow the TLB's reach. Measured (ResNet-18 1×224, 2 threads, Zen 4
 /// VM with THP in `madvise` mode, ten processes each): 21.5–21.6 ms against 21.6–21.9 without;
 /// MiniLM 8×128 and 1×128 unchanged.
-pub fn huge_pages(map: &memmap2::MmapMut) {
+fn huge_pages(map: &memmap2::MmapMut) {
     #[cfg(target_os = "linux")]
     if map.len() >= 2 << 20 {
         let _ = map.advise(memmap2::Advice::HugePage);

@@ -12,30 +12,25 @@ use crate::error::{Error, Result};
 use kiln_format::plan::cpu::{WeightPrep, WeightSlot};
 
 
-/// Prepared weight bytes: zeroed anonymous memory (page-aligned), with the huge-page hint of
-/// the plan's arena (`cpu::huge_pages`).
-struct Aligned {
-    map: memmap2::MmapMut,
-    len: usize,
-}
+/// Prepared weight bytes: zeroed memory as a plan's arena has it (page-aligned, the same
+/// huge-page hint).
+struct Aligned(crate::cpu::Arena);
 
 impl Aligned {
     fn zeroed(len: usize) -> Result<Self> {
-        let map = memmap2::MmapMut::map_anon(len.max(1))
-            .map_err(|e| Error::environment(format!("cannot allocate {len} bytes of prepared weights: {e}")))?;
-        crate::cpu::huge_pages(&map);
-        Ok(Aligned { map, len })
+        crate::cpu::Arena::zeroed(len, "prepared weights").map(Aligned)
     }
     fn as_mut_bytes(&mut self) -> &mut [u8] {
-        &mut self.map[..self.len]
+        self.0.as_mut_slice()
     }
     fn as_mut_f32(&mut self) -> &mut [f32] {
-        // SAFETY: the map is page-aligned, more than f32 needs, and holds len initialized
+        let len = self.0.len() / 4;
+        // SAFETY: the memory is page-aligned, more than f32 needs, and holds len·4 initialized
         // (zeroed) bytes; every bit pattern is a valid f32.
-        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<f32>(), self.len / 4) }
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<f32>(), len) }
     }
     fn as_ptr(&self) -> *const u8 {
-        self.map.as_ptr()
+        self.0.as_ptr()
     }
 }
 
@@ -116,7 +111,7 @@ impl CpuWeights {
         let host: usize = self.inner.tensors.iter().map(|t| t.byte_len()).sum();
         let cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
         let prepared: usize =
-            cache.iter().map(|(_, p)| if let Prepared::Owned(a) = &**p { a.len } else { 0 }).sum();
+            cache.iter().map(|(_, p)| if let Prepared::Owned(a) = &**p { a.0.len() } else { 0 }).sum();
         host + prepared
     }
 
