@@ -742,3 +742,57 @@ fn gather_elements_indices_are_checked() {
     let e = run(vec![0, 3, 1, 1]).unwrap_err().to_string();
     assert!(e.contains("out of range") && !e.contains('\n'), "{e}");
 }
+
+/// A rotary embedding over the whole head leaves its "pass-through" part empty: PyTorch's
+/// exports slice `x[..., rotary_dim:]` to `[.., 0]` (or Split it off with a size of 0), run it
+/// through an op or two and concatenate it back. kiln holds the empty values as literals of
+/// their shapes, so nothing empty reaches the graph; an empty value a graph output or a
+/// computing op needs is refused naming the node.
+#[test]
+fn empty_slices_and_split_pieces_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let i64s = |name: &str, v: &[i64]| tensor(name, tensor_proto::DataType::Int64, &[v.len() as i64], vec![], v.to_vec(), None);
+    let two = tensor("two", tensor_proto::DataType::Float, &[], vec![2.0], vec![], None);
+    let graph = |nodes: Vec<NodeProto>, out: &str| GraphProto {
+        node: nodes,
+        input: vec![vi("x", 1, &[Ok(2), Ok(3), Ok(4)])],
+        initializer: vec![i64s("st", &[4]), i64s("en", &[i64::MAX]), i64s("ax", &[2]), i64s("sz", &[4, 0]), two.clone()],
+        output: vec![vi(out, 1, &[])],
+        ..Default::default()
+    };
+    let x: Vec<f32> = (0..24).map(|i| i as f32 - 7.5).collect();
+    let xt = HostTensor::f32(vec![2, 3, 4], x.clone()).unwrap();
+    let nodes = vec![
+        node("Slice", &["x", "st", "en", "ax"], &["pass"], vec![]),
+        node("Neg", &["pass"], &["neg"], vec![]),
+        node("Mul", &["neg", "two"], &["neg2"], vec![]),
+        node("Split", &["x", "sz"], &["rot", "none"], vec![int_attr("axis", 2)]),
+        node("Mul", &["rot", "two"], &["rot2"], vec![]),
+        node("Concat", &["rot2", "neg2", "none"], &["y"], vec![int_attr("axis", -1)]),
+    ];
+    let y = run_graph(dir.path(), graph(nodes.clone(), "y"), 18, std::slice::from_ref(&xt)).unwrap();
+    assert_eq!(y[0].shape, [2, 3, 4]);
+    assert_eq!(y[0].to_f32_vec(), x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+
+    // The same graph on the CPU backend.
+    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(graph(nodes.clone(), "y"), 18).encode_to_vec());
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b).unwrap();
+    assert!(g.nodes.iter().all(|n| !matches!(n.op, Op::Unary(_))), "the empty Neg is not in the graph");
+    let w = m.weights(&g).unwrap();
+    use kiln_runtime::{Backend, Batch, Outputs};
+    let be = kiln_compiler::backends::cpu::CpuBackend::new().unwrap();
+    let up = be.upload(&w, &g).unwrap();
+    let mut plan = be.lower(&up, &g, b).unwrap();
+    let mut out = Outputs::for_bucket(&g, b);
+    be.run(&mut plan, &Batch { tensors: vec![xt.clone()] }, &mut out).unwrap();
+    assert_eq!(out.tensors[0].to_f32_vec(), y[0].to_f32_vec());
+
+    // An empty value as the graph's output, and one a MatMul would need, name the node.
+    let e = run_graph(dir.path(), graph(nodes[..1].to_vec(), "pass"), 18, std::slice::from_ref(&xt)).unwrap_err().to_string();
+    assert!(e.contains("output `pass` is empty"), "{e}");
+    let mm = vec![nodes[0].clone(), node("Transpose", &["pass"], &["pt"], vec![]), node("MatMul", &["pass", "pt"], &["y"], vec![])];
+    let e = run_graph(dir.path(), graph(mm, "y"), 18, std::slice::from_ref(&xt)).unwrap_err().to_string();
+    assert!(e.contains("n_y") && e.contains("empty"), "{e}");
+}

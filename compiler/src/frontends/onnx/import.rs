@@ -21,6 +21,7 @@ mod channel_rows;
 mod control;
 mod conv;
 mod elementwise;
+mod empty;
 mod gather;
 mod grid;
 mod layout;
@@ -438,6 +439,15 @@ impl<'m> Importer<'m> {
                 Lit::int(vec![dims.len()], dims)
             };
             self.vals.insert(n.output[0].clone(), Val::Lit(lit));
+            return Ok(());
+        }
+        let cx = NodeCx { op, name: &name, n, ins: &ins, at, opset };
+        if let Some(vals) = self.empty_outputs(&cx)? {
+            for (o, v) in n.output.iter().zip(vals) {
+                if !o.is_empty() {
+                    self.vals.insert(o.clone(), v);
+                }
+            }
             return Ok(());
         }
         let outs = self.dynamic(op, &name, n, &ins, at)?;

@@ -17,7 +17,7 @@ pub(super) const OPS: &[&str] = &[
 impl Importer<'_> {
     /// A node of one of [`OPS`] with a graph-computed input, as kiln ops. Returns its outputs.
     pub(super) fn import_layout(&mut self, cx: &NodeCx) -> R<Vec<ValueId>> {
-        let NodeCx { op, name, n, ins, at, opset, .. } = *cx;
+        let NodeCx { op, name, ins, at, opset, .. } = *cx;
         match op {
             // Padding per axis: negative pads crop (a Slice); `constant` concatenates blocks of
             // the value, `edge`, `reflect` and `wrap` gather along the axis by known indices
@@ -193,18 +193,7 @@ impl Importer<'_> {
             "Slice" => {
                 let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
                 let s = self.shape(&Val::Node(x));
-                let (starts, ends, axes, steps) = if opset >= 10 {
-                    let opt = |k: usize, w: &str| -> R<Option<Vec<i64>>> {
-                        match ins.get(k).cloned().flatten() {
-                            Some(_) => Ok(Some(cx.lit_of(k, w)?.ints())),
-                            None => Ok(None),
-                        }
-                    };
-                    (cx.lit_of(1, "slice starts")?.ints(), cx.lit_of(2, "slice ends")?.ints(), opt(3, "slice axes")?, opt(4, "slice steps")?)
-                } else {
-                    (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
-                };
-                let cuts = shape::slice_axes(&s, &starts, &ends, axes.as_deref(), steps.as_deref())?;
+                let cuts = slice_cuts(cx, &s)?;
                 let mut y = x;
                 for (ax, b, step, len) in cuts {
                     if len == 0 {
@@ -228,40 +217,13 @@ impl Importer<'_> {
                 one(y)
             }
             "Split" => {
-                let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
-                let s = self.shape(&Val::Node(x));
-                let ax = shape::axis(at.int("axis", 0), s.len())?;
-                let nout = n.output.len();
-                let given = match (opset >= 13, ins.get(1).cloned().flatten(), at.ints("split")) {
-                    (true, Some(_), _) => Some(cx.lit_of(1, "split sizes")?.ints()),
-                    (false, _, Some(v)) => Some(v),
-                    _ => None,
-                };
-                let sizes: Vec<usize> = match given {
-                    Some(v) => {
-                        if v.iter().any(|&l| l < 0) || v.iter().sum::<i64>() != s[ax] as i64 {
-                            return Err(Fail::Invalid(format!("Split sizes {v:?} of an axis of {}", s[ax])));
-                        }
-                        v.iter().map(|&l| l as usize).collect()
-                    }
-                    None => {
-                        let k = at.int("num_outputs", nout as i64);
-                        if k < 1 {
-                            return Err(Fail::Invalid(format!("Split into {k} outputs")));
-                        }
-                        let each = s[ax].div_ceil(k as usize);
-                        (0..k as usize).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
-                    }
-                };
                 let mut outs = Vec::new();
-                let mut start = 0;
-                for (i, &len) in sizes.iter().enumerate() {
-                    if len == 0 {
-                        return unsup("an empty Split output");
+                for v in self.split(cx)? {
+                    match v {
+                        Val::Node(id) => outs.push(id),
+                        // (`empty_outputs` binds a Split with an empty piece before this.)
+                        Val::Lit(_) => return unsup("an empty Split output"),
                     }
-                    let nm = n.output.get(i).cloned().unwrap_or_else(|| self.fresh(name));
-                    outs.push(self.push(&nm, Op::Slice { axis: ax, start, end: Dim::Fixed(start + len) }, vec![x])?);
-                    start += len;
                 }
                 Ok(outs)
             }
@@ -371,5 +333,70 @@ impl Importer<'_> {
             }
         }
         Ok(y)
+    }
+}
+
+/// A Slice node's cuts of a value of shape `s`: (axis, first index, step, length) per sliced
+/// axis, from its starts/ends/axes/steps inputs (attributes before opset 10).
+pub(super) fn slice_cuts(cx: &NodeCx, s: &[usize]) -> R<Vec<(usize, i64, i64, usize)>> {
+    let (starts, ends, axes, steps) = if cx.opset >= 10 {
+        let opt = |k: usize, w: &str| -> R<Option<Vec<i64>>> {
+            match cx.ins.get(k).cloned().flatten() {
+                Some(_) => Ok(Some(cx.lit_of(k, w)?.ints())),
+                None => Ok(None),
+            }
+        };
+        (cx.lit_of(1, "slice starts")?.ints(), cx.lit_of(2, "slice ends")?.ints(), opt(3, "slice axes")?, opt(4, "slice steps")?)
+    } else {
+        let at = cx.at;
+        (at.ints("starts").unwrap_or_default(), at.ints("ends").unwrap_or_default(), at.ints("axes"), None)
+    };
+    Ok(shape::slice_axes(s, &starts, &ends, axes.as_deref(), steps.as_deref())?)
+}
+
+impl Importer<'_> {
+    /// A Split node's pieces: slices of its input, or empty literals where a piece has no
+    /// elements (`empty_outputs` binds those; kiln's graph has no empty tensors).
+    pub(super) fn split(&mut self, cx: &NodeCx) -> R<Vec<Val>> {
+        let (n, at, opset, name) = (cx.n, cx.at, cx.opset, cx.name);
+        let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
+        let s = self.shape(&Val::Node(x));
+        let ax = shape::axis(at.int("axis", 0), s.len())?;
+        let nout = n.output.len();
+        let given = match (opset >= 13, cx.ins.get(1).cloned().flatten(), at.ints("split")) {
+            (true, Some(_), _) => Some(cx.lit_of(1, "split sizes")?.ints()),
+            (false, _, Some(v)) => Some(v),
+            _ => None,
+        };
+        let sizes: Vec<usize> = match given {
+            Some(v) => {
+                if v.iter().any(|&l| l < 0) || v.iter().sum::<i64>() != s[ax] as i64 {
+                    return Err(Fail::Invalid(format!("Split sizes {v:?} of an axis of {}", s[ax])));
+                }
+                v.iter().map(|&l| l as usize).collect()
+            }
+            None => {
+                let k = at.int("num_outputs", nout as i64);
+                if k < 1 {
+                    return Err(Fail::Invalid(format!("Split into {k} outputs")));
+                }
+                let each = s[ax].div_ceil(k as usize);
+                (0..k as usize).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
+            }
+        };
+        let mut outs = Vec::new();
+        let mut start = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            if len == 0 {
+                let mut piece = s.clone();
+                piece[ax] = 0;
+                outs.push(Val::Lit(Lit::of(self.elem(&Val::Node(x)), piece, vec![])));
+                continue;
+            }
+            let nm = n.output.get(i).cloned().unwrap_or_else(|| self.fresh(name));
+            outs.push(Val::Node(self.push(&nm, Op::Slice { axis: ax, start, end: Dim::Fixed(start + len) }, vec![x])?));
+            start += len;
+        }
+        Ok(outs)
     }
 }
