@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Exports small random-weight Hugging Face models the way users export them, and writes each
+in the backend-test layout with onnxruntime's outputs as the reference (OUT/<arch>_<exporter>/
+model.onnx, test_data_set_0/{input,output}_K.pb), for `kiln onnx-test`.
+
+kiln's own tests import exports written by scripts of this repository; these are written by
+PyTorch's two ONNX exporters (TorchScript at opset 14, the dynamo exporter at opset 18) from
+transformers' own modeling code: encoders (BERT, DistilBERT, XLM-RoBERTa, ELECTRA, ALBERT, MPNet,
+DeBERTa-v2, T5's encoder, ModernBERT), a cross-encoder head (BertForSequenceClassification),
+decoder-only embedders (Llama, Qwen2, GPT-2, no cache) and CLIP's text tower. Dims named batch
+and sequence; traced at batch 2 × 9 tokens, tested at 3 × 13 with the last row's last 3 tokens
+masked.
+
+The cases are committed in tests/data/hf-exports (about 2 MiB; tests/onnx.rs runs them on
+both backends), so CI needs neither torch nor transformers (several GiB). Regenerate with
+    pip install --target DIR torch==2.15.0 transformers==5.25.0 onnxscript==0.7.2
+    PYTHONPATH=DIR:.pydeps python3 scripts/hf_export_cases.py tests/data/hf-exports [ARCH ...]
+(an export torch itself cannot write, or onnxruntime cannot run, is reported and left out).
+"""
+import os
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import transformers as tf
+from onnx import numpy_helper
+
+warnings.filterwarnings("ignore")
+VOCAB = 64
+SMALL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+             vocab_size=VOCAB, max_position_embeddings=32)
+
+TEXT = ["input_ids", "attention_mask"]
+CASES = {
+    "bert": (lambda: tf.BertModel(tf.BertConfig(**SMALL)), TEXT + ["token_type_ids"]),
+    "bert_cls": (lambda: tf.BertForSequenceClassification(tf.BertConfig(**SMALL, num_labels=1)),
+                 TEXT + ["token_type_ids"]),
+    "distilbert": (lambda: tf.DistilBertModel(tf.DistilBertConfig(
+        vocab_size=VOCAB, dim=16, n_layers=2, n_heads=4, hidden_dim=32, max_position_embeddings=32)), TEXT),
+    "xlm_roberta": (lambda: tf.XLMRobertaModel(tf.XLMRobertaConfig(**{**SMALL, "max_position_embeddings": 40})), TEXT),
+    "electra": (lambda: tf.ElectraModel(tf.ElectraConfig(**{**SMALL, "embedding_size": 8})), TEXT + ["token_type_ids"]),
+    "albert": (lambda: tf.AlbertModel(tf.AlbertConfig(**{**SMALL, "embedding_size": 8})), TEXT + ["token_type_ids"]),
+    "mpnet": (lambda: tf.MPNetModel(tf.MPNetConfig(**SMALL)), TEXT),
+    "deberta_v2": (lambda: tf.DebertaV2Model(tf.DebertaV2Config(
+        **SMALL, relative_attention=True, position_buckets=16, max_relative_positions=32,
+        pos_att_type=["p2c", "c2p"], position_biased_input=False)), TEXT + ["token_type_ids"]),
+    "t5_encoder": (lambda: tf.T5EncoderModel(tf.T5Config(
+        vocab_size=VOCAB, d_model=16, d_kv=4, num_heads=4, d_ff=32, num_layers=2,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16)), TEXT),
+    "modernbert": (lambda: tf.ModernBertModel(tf.ModernBertConfig(
+        **{**SMALL, "global_attn_every_n_layers": 2, "local_attention": 4}, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)), TEXT),
+    "llama": (lambda: tf.LlamaModel(tf.LlamaConfig(**SMALL, num_key_value_heads=2, use_cache=False)), TEXT),
+    "qwen2": (lambda: tf.Qwen2Model(tf.Qwen2Config(**SMALL, num_key_value_heads=2, use_cache=False)), TEXT),
+    "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=4, n_positions=32, use_cache=False)), TEXT),
+    "clip_text": (lambda: tf.CLIPTextModel(tf.CLIPTextConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=32, eos_token_id=VOCAB - 1)), TEXT),
+    "roformer": (lambda: tf.RoFormerModel(tf.RoFormerConfig(**SMALL)), TEXT + ["token_type_ids"]),
+    "bart_encoder": (lambda: tf.BartModel(tf.BartConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=32)).get_encoder(), TEXT),
+    "squeezebert": (lambda: tf.SqueezeBertModel(tf.SqueezeBertConfig(
+        **SMALL, embedding_size=16, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2,
+        intermediate_groups=4, output_groups=4)), TEXT + ["token_type_ids"]),
+    "convbert": (lambda: tf.ConvBertModel(tf.ConvBertConfig(**SMALL, embedding_size=16, conv_kernel_size=5)),
+                 TEXT + ["token_type_ids"]),
+    "funnel": (lambda: tf.FunnelBaseModel(tf.FunnelConfig(
+        vocab_size=VOCAB, block_sizes=[1, 1], d_model=16, n_head=4, d_head=4, d_inner=32)),
+        TEXT + ["token_type_ids"]),
+    "gemma": (lambda: tf.GemmaModel(tf.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=8, use_cache=False)), TEXT),
+    "mistral": (lambda: tf.MistralModel(tf.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=4,
+                                                         use_cache=False)), TEXT),
+    "phi3": (lambda: tf.Phi3Model(tf.Phi3Config(**SMALL, num_key_value_heads=4, use_cache=False,
+                                                pad_token_id=0)), TEXT),
+    "gpt_neox": (lambda: tf.GPTNeoXModel(tf.GPTNeoXConfig(**SMALL, rotary_pct=0.5, use_cache=False)), TEXT),
+    "bloom": (lambda: tf.BloomModel(tf.BloomConfig(vocab_size=VOCAB, hidden_size=16, n_layer=2, n_head=4,
+                                                   use_cache=False)), TEXT),
+    "vit": (lambda: tf.ViTModel(tf.ViTConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+        image_size=16, patch_size=4)), ["pixel_values"]),
+    "whisper_encoder": (lambda: tf.WhisperModel(tf.WhisperConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=16,
+        max_source_positions=20, max_target_positions=8, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)).get_encoder(), ["input_features"]),
+}
+# Inputs with fixed dims past the batch (an image, a spectrogram of the encoder's length).
+FIXED = {"pixel_values": (3, 16, 16), "input_features": (16, 40)}
+
+
+class First(torch.nn.Module):
+    """The model's first output (last_hidden_state, or the logits of a head) from positional inputs."""
+
+    def __init__(self, model, names):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *xs):
+        out = self.model(**dict(zip(self.names, xs)))
+        return out[0]
+
+
+def inputs(b, s, rng):
+    """A batch of b rows of s tokens, the last row's last 3 masked."""
+    ids = rng.integers(3, VOCAB - 1, size=(b, s)).astype(np.int64)
+    ids[:, -1] = VOCAB - 1  # CLIP pools at the highest id (its end token)
+    mask = np.ones((b, s), np.int64)
+    mask[-1, s - 3:] = 0
+    types = np.zeros((b, s), np.int64)
+    types[:, s // 2:] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    for n, dims in FIXED.items():
+        feeds[n] = rng.standard_normal((b, *dims)).astype(np.float32)
+    return feeds
+
+
+def export(arch, exporter, path):
+    make, names = CASES[arch]
+    torch.manual_seed(7)
+    model = make().eval()
+    # Traced at 2×9, tested at 3×13: a dim the exporter baked in as a constant shows.
+    trace = inputs(2, 9, np.random.default_rng(3))
+    args = tuple(torch.from_numpy(trace[n]) for n in names)
+    axes = {n: {0: "batch"} if n in FIXED else {0: "batch", 1: "sequence"} for n in names}
+    axes["out"] = {0: "batch"}
+    with torch.no_grad():
+        if exporter == "torchscript":
+            torch.onnx.export(First(model, names), args, path, input_names=names, output_names=["out"],
+                              dynamic_axes=axes, opset_version=14, dynamo=False)
+        else:
+            batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("sequence", min=2, max=32)
+            shapes = tuple({0: batch} if n in FIXED else {0: batch, 1: seq} for n in names)
+            torch.onnx.export(First(model, names), args, path, input_names=names, output_names=["out"],
+                              dynamic_shapes=(shapes,), opset_version=18, dynamo=True, external_data=False)
+    test = inputs(3, 13, np.random.default_rng(5))
+    return {n: test[n] for n in names}
+
+
+def strip(path):
+    """Drops what only documents the export (the dynamo exporter's per-node stack traces and
+    scopes, doc strings, intermediate value types): two thirds of these small files."""
+    m = onnx.load(path)
+    for n in m.graph.node:
+        del n.metadata_props[:]
+        n.doc_string = ""
+    del m.graph.value_info[:]
+    onnx.save(m, path)
+
+
+def save_case(d, model_path, feeds):
+    os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
+    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}  # an exporter may drop an unused input
+    got = sess.run(None, feeds)
+    for k, (n, a) in enumerate(feeds.items()):
+        with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(a, n).SerializeToString())
+    for k, a in enumerate(got):
+        with open(os.path.join(d, "test_data_set_0", f"output_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(a).SerializeToString())
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out, only = sys.argv[1], sys.argv[2:]
+    for arch in CASES:
+        if only and arch not in only:
+            continue
+        for exporter in ["torchscript", "dynamo"]:
+            d = os.path.join(out, f"{arch}_{exporter}")
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "model.onnx")
+            try:
+                feeds = export(arch, exporter, path)
+                strip(path)
+                onnx.checker.check_model(path)
+                save_case(d, path, feeds)
+                print(f"{arch}_{exporter}: written", flush=True)
+            except Exception as e:  # an export torch itself cannot write is reported, not a kiln case
+                print(f"{arch}_{exporter}: export failed: {str(e).splitlines()[0][:200]}", flush=True)
+                for f in ["model.onnx"]:
+                    p = os.path.join(d, f)
+                    if os.path.exists(p):
+                        os.remove(p)
+
+
+if __name__ == "__main__":
+    main()
