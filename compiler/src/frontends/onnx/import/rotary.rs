@@ -56,11 +56,15 @@ impl Importer<'_> {
             } else {
                 c
             };
+            // Per-token caches of batch 1 apply to every row: PyTorch's exporter (torch 2.15,
+            // opset 23) writes them so for a model whose positions do not depend on the row
+            // (onnxruntime 1.32 refuses what its spec text asks to be [B, S, dim/2]).
             let shape = self.shape(&Val::Node(c));
-            if shape != [b, s, half] {
+            let rows = shape.first().copied().unwrap_or(0);
+            if shape.len() != 3 || (rows != b && rows != 1) || shape[1..] != [s, half] {
                 return Err(Fail::Invalid(format!("RotaryEmbedding cache rows of shape {shape:?}, not [{b}, {s}, {half}]")));
             }
-            cs.push(self.reshape(&self.fresh(name), c, &[b, s, 1, half])?);
+            cs.push(self.reshape(&self.fresh(name), c, &[rows, s, 1, half])?);
         }
         let slice = |me: &mut Self, v: ValueId, axis: usize, start: usize, end: usize| {
             me.tmp(name, Op::Slice { axis, start, end: Dim::Fixed(end) }, vec![v])
