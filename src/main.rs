@@ -32,6 +32,7 @@ const DEFAULT_SEQS: &str = "8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,1
 enum PoolingKind {
     Mean,
     Cls,
+    Last,
     None,
 }
 
@@ -46,7 +47,8 @@ struct OnnxText {
     #[arg(long, requires = "onnx")]
     tokenizer: Option<PathBuf>,
     /// How an ONNX model's per-token output becomes one vector: `mean` over real tokens,
-    /// `cls` (the first token) or `none` (a rank-2 output as it is).
+    /// `cls` (the first token), `last` (the last real token: decoder-only embedders) or `none`
+    /// (a rank-2 output as it is).
     #[arg(long, value_enum, default_value = "mean", requires = "onnx")]
     pooling: PoolingKind,
     /// The ONNX output to use (default: the first).
@@ -64,6 +66,7 @@ impl PoolingKind {
         match self {
             PoolingKind::Mean => kiln::onnx::Pooling::Mean,
             PoolingKind::Cls => kiln::onnx::Pooling::Cls,
+            PoolingKind::Last => kiln::onnx::Pooling::Last,
             PoolingKind::None => kiln::onnx::Pooling::None,
         }
     }

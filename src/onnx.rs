@@ -199,6 +199,9 @@ pub enum Pooling {
     Mean,
     /// The first token's state, L2-normalized.
     Cls,
+    /// The last real token's state, L2-normalized: how decoder-only embedders pool (a causal
+    /// model's last token has seen the whole text; TEI's `last-token`). kiln pads on the right.
+    Last,
     /// No pooling: a rank-2 output as it is (a rank-3 one is refused).
     None,
 }
@@ -222,22 +225,29 @@ pub fn l2_normalize(mut e: Vec<f32>) -> Vec<f32> {
 }
 
 /// One vector per text from `t`, not normalized: a rank-2 output's rows, or a rank-3 output's
-/// mean over each text's real tokens (`Mean`) or first token (`Cls`).
+/// mean over each text's real tokens (`Mean`), its first token (`Cls`) or its last real token
+/// (`Last`).
 pub fn pool_raw(t: &HostTensor, seqs: &[Vec<i64>], pooling: Pooling) -> std::result::Result<Vec<Vec<f32>>, String> {
     let v = t.to_f32_vec();
     match (t.shape.len(), pooling) {
         // Rows past the texts are a fixed batch dim's padding.
         (2, _) => Ok(v.chunks(t.shape[1].max(1)).take(seqs.len()).map(|c| c.to_vec()).collect()),
-        (3, Pooling::None) => Err("is per token (rank 3): choose --pooling mean or cls".into()),
+        (3, Pooling::None) => Err("is per token (rank 3): choose --pooling mean, cls or last".into()),
         (3, p) => {
             let (s, d) = (t.shape[1], t.shape[2]);
             Ok(seqs
                 .iter()
                 .enumerate()
                 .map(|(r, q)| {
-                    let n = if p == Pooling::Cls { 1 } else { q.len().min(s).max(1) };
+                    let real = q.len().min(s).max(1);
+                    let tokens = match p {
+                        Pooling::Cls => 0..1,
+                        Pooling::Last => real - 1..real,
+                        _ => 0..real,
+                    };
+                    let n = tokens.len();
                     let mut e = vec![0f64; d];
-                    for tk in 0..n {
+                    for tk in tokens {
                         for (c, x) in e.iter_mut().enumerate() {
                             *x += v[(r * s + tk) * d + c] as f64;
                         }
@@ -344,4 +354,23 @@ pub fn run_cli(file: &Path, dims: &[(String, DimRole)], inputs: &[String], out_d
         written.push(p);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows of 3 and 2 real tokens in a [2, 3, 2] output: the mean over the real ones, the
+    /// first, the last real one (the padded position of row 1 is never read).
+    #[test]
+    fn pooling_reads_the_real_tokens() {
+        let v: Vec<f32> = vec![1., 10., 2., 20., 3., 30., 4., 40., 5., 50., 99., 99.];
+        let t = HostTensor::f32(vec![2, 3, 2], v).unwrap();
+        let seqs = vec![vec![7, 8, 9], vec![7, 8]];
+        let pool = |p| pool_raw(&t, &seqs, p).unwrap();
+        assert_eq!(pool(Pooling::Mean), [vec![2., 20.], vec![4.5, 45.]]);
+        assert_eq!(pool(Pooling::Cls), [vec![1., 10.], vec![4., 40.]]);
+        assert_eq!(pool(Pooling::Last), [vec![3., 30.], vec![5., 50.]]);
+        assert!(pool_raw(&t, &seqs, Pooling::None).unwrap_err().contains("last"));
+    }
 }
