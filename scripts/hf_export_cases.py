@@ -7,14 +7,15 @@ kiln's own tests import exports written by scripts of this repository; these are
 PyTorch's ONNX exporters (TorchScript at opset 14, the dynamo exporter at opsets 18 and 23, the
 latter with the standard Attention, RotaryEmbedding, RMSNormalization and Gelu ops) from
 transformers' own modeling code: encoders (BERT and its cross-encoder head, DistilBERT,
-XLM-RoBERTa, ELECTRA, ALBERT, MPNet, DeBERTa-v2, T5's and BART's encoders, ModernBERT,
-RoFormer, SqueezeBERT, ConvBERT), decoder-only embedders without a cache (Llama, Qwen2,
-Gemma, Mistral, Phi-3, GPT-NeoX, BLOOM, GPT-2), CLIP's text tower, ViT and Whisper's encoder.
+XLM-RoBERTa and its classifier, ELECTRA, ALBERT, MPNet, DeBERTa and DeBERTa-v2, MobileBERT, ESM,
+T5's and BART's encoders, ModernBERT, RoFormer, SqueezeBERT, ConvBERT), decoder-only embedders
+without a cache (Llama, Qwen2, Qwen3, Gemma, Gemma 3, Mistral, Phi-3, GPT-NeoX, BLOOM, GPT-2),
+CLIP's text tower, vision (ViT, DINOv2, Swin, ConvNeXt) and audio (Whisper's encoder, wav2vec2).
 Dims named batch and sequence; traced at batch 2 × 9 tokens, tested at 3 × 13 with the last
 row's last 3 tokens masked. onnxruntime's outputs are the reference where it runs the export
 (they must agree with PyTorch's), PyTorch's where it cannot.
 
-The cases are committed in tests/data/hf-exports (about 2 MiB; tests/onnx.rs runs them on
+The cases are committed in tests/data/hf-exports (about 3 MiB compressed; tests/onnx.rs runs them on
 both backends), so CI needs neither torch nor transformers (several GiB). Regenerate with
     pip install --target DIR torch==2.15.0 transformers==5.25.0 onnxscript==0.7.2
     PYTHONPATH=DIR:.pydeps python3 scripts/hf_export_cases.py tests/data/hf-exports [ARCH ...]
@@ -90,9 +91,34 @@ CASES = {
         vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=16,
         max_source_positions=20, max_target_positions=8, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)).get_encoder(), ["input_features"]),
+    "qwen3": (lambda: tf.Qwen3Model(tf.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=4, use_cache=False)), TEXT),
+    "gemma3_text": (lambda: tf.Gemma3TextModel(tf.Gemma3TextConfig(
+        **SMALL, num_key_value_heads=2, head_dim=4, sliding_window=4, use_cache=False)), TEXT),
+    "mobilebert": (lambda: tf.MobileBertModel(tf.MobileBertConfig(
+        **{**SMALL, "embedding_size": 8}, intra_bottleneck_size=8, true_hidden_size=8,
+        num_feedforward_networks=2)), TEXT + ["token_type_ids"]),
+    "deberta": (lambda: tf.DebertaModel(tf.DebertaConfig(
+        **SMALL, relative_attention=True, max_relative_positions=16, pos_att_type=["p2c", "c2p"])),
+        TEXT + ["token_type_ids"]),
+    "esm": (lambda: tf.EsmModel(tf.EsmConfig(**SMALL, position_embedding_type="rotary", pad_token_id=1,
+                                             mask_token_id=2)), TEXT),
+    "xlm_roberta_cls": (lambda: tf.XLMRobertaForSequenceClassification(tf.XLMRobertaConfig(
+        **{**SMALL, "max_position_embeddings": 40}, num_labels=1)), TEXT),
+    "wav2vec2": (lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="group")), ["input_values"]),
+    "convnext": (lambda: tf.ConvNextModel(tf.ConvNextConfig(
+        num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=16, patch_size=4)), ["pixel_values"]),
+    "swin": (lambda: tf.SwinModel(tf.SwinConfig(
+        image_size=16, patch_size=2, window_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4])),
+        ["pixel_values"]),
+    "dinov2": (lambda: tf.Dinov2Model(tf.Dinov2Config(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2, image_size=16,
+        patch_size=4)), ["pixel_values"]),
 }
-# Inputs with fixed dims past the batch (an image, a spectrogram of the encoder's length).
-FIXED = {"pixel_values": (3, 16, 16), "input_features": (16, 40)}
+# Inputs with fixed dims past the batch (an image, a spectrogram of the encoder's length, audio).
+FIXED = {"pixel_values": (3, 16, 16), "input_features": (16, 40), "input_values": (400,)}
 
 
 EXPORTERS = [e for e in os.environ.get("EXPORTERS", "torchscript,dynamo,dynamo23").split(",") if e]
