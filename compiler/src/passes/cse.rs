@@ -11,18 +11,25 @@ use super::{Pass, PassCtx, Rewriter};
 
 pub struct Cse;
 
-/// A hashable identity of a node: op (floats by bits), inputs, dtype, shape.
-fn key(op: &Op, inputs: &[ValueId], n: &kiln_runtime::Node) -> String {
+/// A node's op as a hashable identity: a constant by its values' bits (hashed as they are: a
+/// causal mask or a rotary table has 10^5 values, and formatting them as text made this pass
+/// 90% of a Llama export's middle end), any other op by its Debug text (floats there print
+/// exactly; the norms' eps by bits all the same).
+#[derive(PartialEq, Eq, Hash)]
+enum OpKey {
+    Constant(Vec<u32>),
+    Text(String),
+}
+
+/// A hashable identity of a node: op, inputs, dtype, shape.
+fn key(op: &Op, inputs: &[ValueId], n: &kiln_runtime::Node) -> (OpKey, Vec<ValueId>, String) {
     let op_key = match op {
-        Op::Constant { values } => {
-            let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
-            format!("const{bits:?}")
-        }
-        Op::LayerNorm { eps } => format!("ln{}", eps.to_bits()),
-        Op::RmsNorm { eps } => format!("rms{}", eps.to_bits()),
-        other => format!("{other:?}"),
+        Op::Constant { values } => OpKey::Constant(values.iter().map(|v| v.to_bits()).collect()),
+        Op::LayerNorm { eps } => OpKey::Text(format!("ln{}", eps.to_bits())),
+        Op::RmsNorm { eps } => OpKey::Text(format!("rms{}", eps.to_bits())),
+        other => OpKey::Text(format!("{other:?}")),
     };
-    format!("{op_key}|{inputs:?}|{}|{:?}", n.dtype, n.shape)
+    (op_key, inputs.to_vec(), format!("{}|{:?}", n.dtype, n.shape))
 }
 
 impl Pass for Cse {
@@ -32,7 +39,7 @@ impl Pass for Cse {
 
     fn run(&self, graph: &Graph, _ctx: &mut PassCtx) -> Result<Graph> {
         let mut rw = Rewriter::new(graph);
-        let mut seen: HashMap<String, ValueId> = HashMap::new();
+        let mut seen: HashMap<(OpKey, Vec<ValueId>, String), ValueId> = HashMap::new();
         for (i, n) in graph.nodes.iter().enumerate() {
             let inputs: Vec<ValueId> = n.inputs.iter().map(|&v| rw.get(v)).collect();
             let k = key(&n.op, &inputs, n);
