@@ -240,3 +240,34 @@ fn lowered_programs_round_trip_through_serde() {
     assert_eq!(back, l);
     assert_eq!(back.program.print(), l.program.print());
 }
+
+/// RMSNorm as PyTorch's TorchScript export writes it, `x · (1 / sqrt(mean(x²) + eps)) · γ`
+/// (`torch.rsqrt` as a division of the constant 1), is one rms_norm kernel, and computes what
+/// the written-out ops do.
+#[test]
+fn norms_finds_rms_norm_over_a_division_of_one() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, Dim::Fixed(16)], InputRole::Other).unwrap();
+    let gamma = b.weight("g", DType::F32, &[16]).unwrap();
+    let sq = b.mul(x, x).unwrap();
+    let ms = b.reduce_mean(sq, &[2], true).unwrap();
+    let eps = b.scalar(1e-6).unwrap();
+    let s = b.add(ms, eps).unwrap();
+    let r = b.sqrt(s).unwrap();
+    let one = b.scalar(1.0).unwrap();
+    let inv = b.div(one, r).unwrap();
+    let n = b.mul(x, inv).unwrap();
+    let y = b.mul(gamma, n).unwrap();
+    b.output("y", y);
+    let g = b.finish().unwrap();
+    let bucket = Bucket::new(2, 5);
+    let lowered = run_pipeline(&g, bucket).unwrap();
+    let kinds = lowered.program.kernels_by_kind();
+    assert_eq!((kinds.get("rms_norm"), kinds.len()), (Some(&1), 1), "{kinds:?}");
+    let mut rng = kiln_testkit::random::Rng::new(3);
+    let w = kiln_testkit::random::random_weights(&g, &mut rng);
+    let inputs = kiln_testkit::random::random_inputs(&g, bucket, &mut rng);
+    let want = interpret(&g, &w, &inputs, bucket).unwrap();
+    let got = run_program(&lowered.program, &lowered.plan, &w, &inputs).unwrap();
+    compare(&got, &want, 1e-5, 1e-5).unwrap();
+}

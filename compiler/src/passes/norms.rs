@@ -62,13 +62,22 @@ impl Matcher<'_> {
         }
     }
 
-    /// `d / sqrt(s)`, `d · rsqrt(s)` or `d · (1 / sqrt(s))`: (d, s).
+    /// `d / sqrt(s)`, `d · rsqrt(s)` or `d · (1 / sqrt(s))` (a reciprocal, or a division of
+    /// the constant 1 as PyTorch's TorchScript export writes `torch.rsqrt`): (d, s).
     fn over_root(&self, v: ValueId) -> Option<(ValueId, ValueId)> {
         if let Some((d, r)) = self.bin(v, BinaryOp::Div) {
             return Some((d, self.un(r, UnaryOp::Sqrt)?));
         }
         let (a, b) = self.bin(v, BinaryOp::Mul)?;
-        let inv_root = |r: ValueId| self.un(r, UnaryOp::Rsqrt).or_else(|| self.un(self.un(r, UnaryOp::Recip)?, UnaryOp::Sqrt));
+        let one_over = |r: ValueId| {
+            let (one, q) = self.bin(r, BinaryOp::Div)?;
+            (scalar_const(self.g, one) == Some(1.0)).then_some(q)
+        };
+        let inv_root = |r: ValueId| {
+            self.un(r, UnaryOp::Rsqrt)
+                .or_else(|| self.un(self.un(r, UnaryOp::Recip)?, UnaryOp::Sqrt))
+                .or_else(|| self.un(one_over(r)?, UnaryOp::Sqrt))
+        };
         match (inv_root(b), inv_root(a)) {
             (Some(s), _) => Some((a, s)),
             (None, Some(s)) => Some((b, s)),
