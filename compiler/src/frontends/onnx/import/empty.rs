@@ -8,7 +8,7 @@
 //! symbolic zero dims through its graph. kiln fixes every dim per bucket at import, so the
 //! emptiness is known there and nothing needs to reach the graph.)
 
-use super::layout::slice_cuts;
+use super::layout::{slice_cuts, split_sizes};
 use super::*;
 
 /// At most this many elements stand in for an op's run-time inputs when it folds over an empty
@@ -22,10 +22,12 @@ impl Importer<'_> {
     /// in for by ones of its shape and type: an empty result has no values that could depend on
     /// them. `None`: the node computes something (its family imports it, or says why not).
     pub(super) fn empty_outputs(&mut self, cx: &NodeCx) -> R<Option<Vec<Val>>> {
-        if cx.op == "Split" && matches!(cx.ins.first(), Some(Some(Val::Node(_)))) {
-            // A piece with no elements is a literal, the others slices.
-            let pieces = self.split(cx)?;
-            return Ok(pieces.iter().any(|v| matches!(v, Val::Lit(_))).then_some(pieces));
+        if cx.op == "Split" {
+            if let Some(x @ Val::Node(_)) = cx.ins.first().cloned().flatten() {
+                // A piece with no elements is a literal, the others slices.
+                let empty_piece = split_sizes(cx, &self.shape(&x)).is_ok_and(|(_, sizes)| sizes.contains(&0));
+                return if empty_piece { Ok(Some(self.split(cx)?)) } else { Ok(None) };
+            }
         }
         if cx.op == "Slice" {
             if let Some(Val::Node(x)) = cx.ins.first().cloned().flatten() {

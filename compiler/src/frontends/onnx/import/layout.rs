@@ -354,36 +354,42 @@ pub(super) fn slice_cuts(cx: &NodeCx, s: &[usize]) -> R<Vec<(usize, i64, i64, us
     Ok(shape::slice_axes(s, &starts, &ends, axes.as_deref(), steps.as_deref())?)
 }
 
+/// A Split node's axis of a value of shape `s` and the sizes of its pieces along it (the
+/// `split` input or attribute, else `num_outputs` or the node's output count as equal parts).
+pub(super) fn split_sizes(cx: &NodeCx, s: &[usize]) -> R<(usize, Vec<usize>)> {
+    let at = cx.at;
+    let ax = shape::axis(at.int("axis", 0), s.len())?;
+    let given = match (cx.opset >= 13, cx.ins.get(1).cloned().flatten(), at.ints("split")) {
+        (true, Some(_), _) => Some(cx.lit_of(1, "split sizes")?.ints()),
+        (false, _, Some(v)) => Some(v),
+        _ => None,
+    };
+    let sizes = match given {
+        Some(v) => {
+            if v.iter().any(|&l| l < 0) || v.iter().sum::<i64>() != s[ax] as i64 {
+                return Err(Fail::Invalid(format!("Split sizes {v:?} of an axis of {}", s[ax])));
+            }
+            v.iter().map(|&l| l as usize).collect()
+        }
+        None => {
+            let k = at.int("num_outputs", cx.n.output.len() as i64);
+            if k < 1 {
+                return Err(Fail::Invalid(format!("Split into {k} outputs")));
+            }
+            let each = s[ax].div_ceil(k as usize);
+            (0..k as usize).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
+        }
+    };
+    Ok((ax, sizes))
+}
+
 impl Importer<'_> {
     /// A Split node's pieces: slices of its input, or empty literals where a piece has no
     /// elements (`empty_outputs` binds those; kiln's graph has no empty tensors).
     pub(super) fn split(&mut self, cx: &NodeCx) -> R<Vec<Val>> {
-        let (n, at, opset, name) = (cx.n, cx.at, cx.opset, cx.name);
         let x = self.node(&cx.iname(0), &cx.inp(0)?)?;
         let s = self.shape(&Val::Node(x));
-        let ax = shape::axis(at.int("axis", 0), s.len())?;
-        let nout = n.output.len();
-        let given = match (opset >= 13, cx.ins.get(1).cloned().flatten(), at.ints("split")) {
-            (true, Some(_), _) => Some(cx.lit_of(1, "split sizes")?.ints()),
-            (false, _, Some(v)) => Some(v),
-            _ => None,
-        };
-        let sizes: Vec<usize> = match given {
-            Some(v) => {
-                if v.iter().any(|&l| l < 0) || v.iter().sum::<i64>() != s[ax] as i64 {
-                    return Err(Fail::Invalid(format!("Split sizes {v:?} of an axis of {}", s[ax])));
-                }
-                v.iter().map(|&l| l as usize).collect()
-            }
-            None => {
-                let k = at.int("num_outputs", nout as i64);
-                if k < 1 {
-                    return Err(Fail::Invalid(format!("Split into {k} outputs")));
-                }
-                let each = s[ax].div_ceil(k as usize);
-                (0..k as usize).map(|i| each.min(s[ax] - (i * each).min(s[ax]))).collect()
-            }
-        };
+        let (ax, sizes) = split_sizes(cx, &s)?;
         let mut outs = Vec::new();
         let mut start = 0;
         for (i, &len) in sizes.iter().enumerate() {
@@ -393,7 +399,7 @@ impl Importer<'_> {
                 outs.push(Val::Lit(Lit::of(self.elem(&Val::Node(x)), piece, vec![])));
                 continue;
             }
-            let nm = n.output.get(i).cloned().unwrap_or_else(|| self.fresh(name));
+            let nm = cx.n.output.get(i).cloned().unwrap_or_else(|| self.fresh(cx.name));
             outs.push(Val::Node(self.push(&nm, Op::Slice { axis: ax, start, end: Dim::Fixed(start + len) }, vec![x])?));
             start += len;
         }
