@@ -302,7 +302,7 @@ fn run_step(
 
 /// Picks a free buffer for a value of `len` elements: the smallest free one that is large
 /// enough, else the largest free one grown to `len`, else a new one.
-fn take_buffer(buffers: &mut Vec<Vec<f64>>, free: &mut Vec<usize>, len: usize) -> usize {
+fn take_buffer(buffers: &mut Vec<Vec<f64>>, free: &mut Vec<usize>, len: usize, node: &str) -> Result<usize> {
     let fit = free
         .iter()
         .enumerate()
@@ -314,15 +314,28 @@ fn take_buffer(buffers: &mut Vec<Vec<f64>>, free: &mut Vec<usize>, len: usize) -
         Some(k) => {
             let b = free.swap_remove(k);
             if buffers[b].len() < len {
-                buffers[b].resize(len, 0.0);
+                grow(&mut buffers[b], len, node)?;
             }
-            b
+            Ok(b)
         }
         None => {
-            buffers.push(vec![0.0; len]);
-            buffers.len() - 1
+            let mut v = Vec::new();
+            grow(&mut v, len, node)?;
+            buffers.push(v);
+            Ok(buffers.len() - 1)
         }
     }
+}
+
+/// `v` zero-extended to `len` values, or an error naming `node` where the memory is not there
+/// (a value of 10^10 elements is a typed error, not an abort).
+fn grow(v: &mut Vec<f64>, len: usize, node: &str) -> Result<()> {
+    v.try_reserve_exact(len.saturating_sub(v.len())).map_err(|_| {
+        let gib = (len as f64 * 8.0 / (1u64 << 30) as f64).ceil();
+        Error::graph(node, format!("its {len} values ({gib} GiB as the reference's f64) cannot be allocated"))
+    })?;
+    v.resize(len, 0.0);
+    Ok(())
 }
 
 /// Copies a tensor's elements into an f64 buffer of the same length, without allocating.
@@ -580,7 +593,7 @@ impl ReferenceBackend {
                     buffers.push(values.iter().map(|&v| v as f64).collect());
                     Src::Buf { buf: buffers.len() - 1, len }
                 }
-                _ => Src::Buf { buf: take_buffer(&mut buffers, &mut free, len), len },
+                _ => Src::Buf { buf: take_buffer(&mut buffers, &mut free, len, &node.name)?, len },
             };
             srcs.push(src);
             if let Op::MatMul { transpose_a, transpose_b } = node.op {
@@ -606,6 +619,10 @@ impl ReferenceBackend {
                 }
             }
         }
+        let scratch = |n: usize| {
+            let mut v = Vec::new();
+            grow(&mut v, n, "<transposed matmul operand>").map(|_| v)
+        };
         Ok(ReferencePlan {
             graph: graph.clone(),
             bucket,
@@ -614,7 +631,7 @@ impl ReferenceBackend {
             srcs,
             kept,
             buffers,
-            scratch: scratch_len.map(|n| vec![0.0; n]),
+            scratch: [scratch(scratch_len[0])?, scratch(scratch_len[1])?],
             steps,
         })
     }

@@ -796,3 +796,20 @@ fn empty_slices_and_split_pieces_are_left_out() {
     let e = run_graph(dir.path(), graph(mm, "y"), 18, std::slice::from_ref(&xt)).unwrap_err().to_string();
     assert!(e.contains("n_y") && e.contains("empty"), "{e}");
 }
+
+/// A value too large for memory (the fuzzer's `onnx_single_ops` met one: a 70 GB allocation
+/// aborted the process) is a typed error of the reference backend naming the node.
+#[test]
+fn a_value_larger_than_memory_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 1usize << 17;
+    let g = GraphProto {
+        node: vec![node("MatMul", &["a", "b"], &["y"], vec![])],
+        input: vec![vi("a", 1, &[Ok(n as i64), Ok(1)]), vi("b", 1, &[Ok(1), Ok(n as i64)])],
+        output: vec![vi("y", 1, &[])],
+        ..Default::default()
+    };
+    let ins = [HostTensor::f32(vec![n, 1], vec![1.0; n]).unwrap(), HostTensor::f32(vec![1, n], vec![1.0; n]).unwrap()];
+    let e = run_graph(dir.path(), g, 18, &ins).unwrap_err().to_string();
+    assert!(e.contains("n_y") && e.contains("cannot be allocated"), "{e}");
+}
