@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 import torch
 import transformers as tf
-from onnx import numpy_helper
+from testcase_io import write_data_set
 
 warnings.filterwarnings("ignore")
 VOCAB = 64
@@ -209,12 +209,7 @@ def save_case(d, model_path, feeds, ref):
     except ort.capi.onnxruntime_pybind11_state.InvalidArgument as e:
         print(f"  onnxruntime cannot run it ({str(e).split('Status Message: ')[-1][:90]}): PyTorch's output is the reference")
         got = [ref]
-    for k, (n, a) in enumerate(feeds.items()):
-        with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a, n).SerializeToString())
-    for k, a in enumerate(got):
-        with open(os.path.join(d, "test_data_set_0", f"output_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a).SerializeToString())
+    write_data_set(os.path.join(d, "test_data_set_0"), list(feeds.items()), got)
 
 
 def main():

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from testcase_io import write_data_set
 
 RNG = np.random.default_rng(7)
 B, S, H = 2, 7, 16
@@ -36,13 +37,7 @@ def write(out, name, nodes, inputs, outputs, inits=()):
     os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
     sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(None, dict(inputs))
-    for k, (n, a) in enumerate(inputs):
-        with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a, n).SerializeToString())
-    for k, a in enumerate(got):
-        with open(os.path.join(d, "test_data_set_0", f"output_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a).SerializeToString())
+    write_data_set(os.path.join(d, "test_data_set_0"), inputs, sess.run(None, dict(inputs)))
 
 
 def ms(op, ins, outs, **attrs):

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from testcase_io import write_data_set
 
 RNG = np.random.default_rng(11)
 F = TensorProto.FLOAT
@@ -84,13 +85,7 @@ def save_case(out, name, model, feeds):
     os.makedirs(os.path.join(d, "test_data_set_0"), exist_ok=True)
     onnx.save(model, os.path.join(d, "model.onnx"))
     sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(None, feeds)
-    for k, (n, a) in enumerate(feeds.items()):
-        with open(os.path.join(d, "test_data_set_0", f"input_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a, n).SerializeToString())
-    for k, a in enumerate(got):
-        with open(os.path.join(d, "test_data_set_0", f"output_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(a).SerializeToString())
+    write_data_set(os.path.join(d, "test_data_set_0"), list(feeds.items()), sess.run(None, feeds))
 
 
 def resnet(out):

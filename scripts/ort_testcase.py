@@ -17,8 +17,8 @@ import sys
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
 from tokenizers import Tokenizer
+from testcase_io import write_data_set
 
 BATCHES = [
     ["The quick brown fox jumps over the lazy dog."],
@@ -48,14 +48,7 @@ def main():
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         feeds = {k: v for k, v in feeds.items() if k in names}
         outs = sess.run(None, feeds)
-        d = os.path.join(out, f"test_data_set_{n}")
-        os.makedirs(d, exist_ok=True)
-        for k, name in enumerate(names):
-            with open(os.path.join(d, f"input_{k}.pb"), "wb") as f:
-                f.write(numpy_helper.from_array(feeds[name], name).SerializeToString())
-        for k, o in enumerate(outs):
-            with open(os.path.join(d, f"output_{k}.pb"), "wb") as f:
-                f.write(numpy_helper.from_array(o).SerializeToString())
+        write_data_set(os.path.join(out, f"test_data_set_{n}"), [(k, feeds[k]) for k in names], outs)
     print(f"wrote {out} ({len(BATCHES)} data sets, onnxruntime {ort.__version__})")
 
 
