@@ -96,6 +96,10 @@ def main():
     wv = rand(H, 2 * H + 24, scale=0.3)
     write(out, "attention_qkv_sizes", att(["x", "w", "wb"], qkv_hidden_sizes=[H, H, 24], scale=0.2), [("x", x)], [("y", F, [B, S, 24])],
           [("w", wv), ("wb", rand(2 * H + 24))])
+    # Causal (a decoder's attention, onnxruntime's optimizer fuses GPT-2's so), with and without padding.
+    write(out, "attention_unidirectional", att(["x", "w", "wb", "mask"], unidirectional=1), [("x", x), ("mask", mask)], yo,
+          [("w", w), ("wb", wb)])
+    write(out, "attention_unidirectional_no_mask", att(["x", "w", "wb"], unidirectional=1), [("x", x)], yo, [("w", w), ("wb", wb)])
     # MultiHeadAttention: Q, K, V apart (K/V longer than Q), a packed bias, padding masks.
     L = 9
     qm, km, vm = rand(B, S, H), rand(B, L, H), rand(B, L, 24)

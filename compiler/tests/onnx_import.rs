@@ -314,8 +314,7 @@ fn refused_contrib_attention_and_foreign_domains_name_the_node() {
     };
     let attention = |attrs: Vec<AttributeProto>| in_domain(node("Attention", &["x", "w", "b"], &["y"], attrs), "com.microsoft");
     let cases = [
-        (attention(vec![int_attr("num_heads", 2), int_attr("unidirectional", 1)]), "node `n_y` (Attention, domain `com.microsoft`, opset 17): unidirectional (causal) Attention"),
-        (attention(vec![int_attr("num_heads", 2), int_attr("do_rotary", 1)]), "Attention with rotary embeddings"),
+        (attention(vec![int_attr("num_heads", 2), int_attr("do_rotary", 1)]), "node `n_y` (Attention, domain `com.microsoft`, opset 17): Attention with rotary embeddings"),
         (in_domain(node("Relu", &["x"], &["y"], vec![]), "ai.onnx.ml"), "node `n_y` (Relu, domain `ai.onnx.ml`, opset 17): op `Relu` of domain `ai.onnx.ml`"),
         (in_domain(node("Relu", &["x"], &["y"], vec![]), "com.microsoft"), "op `Relu` of domain com.microsoft is not supported"),
     ];

@@ -160,8 +160,9 @@ impl Importer<'_> {
     /// `qkv_hidden_sizes` or in thirds), `num_heads` heads, softmax(scale·Q·Kᵀ + mask)·V. The
     /// mask: none; `mask_index` of shape [B] (keys at or past each row's length masked), [B, S]
     /// or [B, S_q, S] (keys where the mask is 0 or less masked), each masked score getting
-    /// `mask_filter_value` (-10000) added. Past state, attention bias, causal masking and
-    /// rotary embeddings are not supported.
+    /// `mask_filter_value` (-10000) added; `unidirectional` adds it to the scores of the keys
+    /// after each query too (causal, as a decoder's). Past state, attention bias and rotary
+    /// embeddings are not supported.
     fn contrib_attention(&mut self, name: &str, n: &NodeProto, ins: &[Option<Val>], at: &Attrs) -> R<Vec<ValueId>> {
         let has = |k: usize| given(ins, k);
         self.refuse_attention_state("Attention", n, ins, at, &[(4, "past state"), (5, "an attention bias"), (6, "past_sequence_length")])?;
@@ -238,7 +239,7 @@ impl Importer<'_> {
     }
 
     /// What kiln's attention ops refuse: the inputs `refused` (past state, an attention bias),
-    /// a used present-state output, causal masking, rotary embeddings.
+    /// a used present-state output, rotary embeddings.
     fn refuse_attention_state(&self, op: &str, n: &NodeProto, ins: &[Option<Val>], at: &Attrs, refused: &[(usize, &str)]) -> R<()> {
         for &(k, what) in refused {
             if given(ins, k) {
@@ -247,9 +248,6 @@ impl Importer<'_> {
         }
         if n.output.iter().skip(1).any(|o| !o.is_empty() && self.m.is_used(o)) {
             return unsup(format!("{op}'s present state outputs"));
-        }
-        if at.int("unidirectional", 0) != 0 {
-            return unsup(format!("unidirectional (causal) {op}"));
         }
         if at.int("do_rotary", 0) != 0 {
             return unsup(format!("{op} with rotary embeddings"));
@@ -260,7 +258,8 @@ impl Importer<'_> {
     /// softmax(scale·Q·Kᵀ + mask)·V over `heads` heads of Q [B, S, D], K [B, L, D] and
     /// V [B, L, Dv], back as [B, S, Dv]: the matmul–softmax–matmul that kiln fuses into one
     /// attention kernel. `scale` (attribute) 0 means 1/√(D/heads); masked scores get
-    /// `mask_filter_value` (-10000) added.
+    /// `mask_filter_value` (-10000) added, and with `unidirectional` set so do the scores of
+    /// key j > i + (L - S) for query i (its own position and before, keys aligned at the end).
     fn heads_attention(&mut self, name: &str, qkv: [ValueId; 3], heads: usize, at: &Attrs, mask: Option<ValueId>) -> R<ValueId> {
         let shapes: Vec<Vec<usize>> = qkv.iter().map(|v| self.shape(&Val::Node(*v))).collect();
         let (&[b, s, d], &[bk, l, dk], &[bv, lv, dv]) = (&shapes[0][..], &shapes[1][..], &shapes[2][..]) else {
@@ -283,10 +282,23 @@ impl Importer<'_> {
         let dt = self.dtype(&Val::Node(scores));
         let sc = self.scalar(&self.fresh(name), scale, dt)?;
         let scores = self.tmp(name, Op::Binary(BinaryOp::Mul), vec![scores, sc])?;
+        let filter = at.float("mask_filter_value", -10000.0);
+        let mut add = match mask {
+            Some(m) => Some(self.attention_mask(name, m, b, s, l, filter)?),
+            None => None,
+        };
+        if at.int("unidirectional", 0) != 0 {
+            let off = l as i64 - s as i64;
+            let v = (0..s * l).map(|e| if (e % l) as i64 > (e / l) as i64 + off { filter as f64 } else { 0.0 }).collect();
+            let causal = self.node(&self.fresh(name), &Val::Lit(Lit::of(Elem::F32, vec![1, 1, s, l], v)))?;
+            add = Some(match add {
+                Some(a) => self.tmp(name, Op::Binary(BinaryOp::Add), vec![a, causal])?,
+                None => causal,
+            });
+        }
         let mut sm = vec![scores];
-        if let Some(m) = mask {
-            let add = self.attention_mask(name, m, b, s, l, at.float("mask_filter_value", -10000.0))?;
-            sm.push(self.cast_to(name, add, dt)?);
+        if let Some(a) = add {
+            sm.push(self.cast_to(name, a, dt)?);
         }
         let probs = self.tmp(name, Op::Softmax { axis: 3 }, sm)?;
         let ctx = self.tmp(name, Op::MatMul { transpose_a: false, transpose_b: false }, vec![probs, parts[2]])?;
