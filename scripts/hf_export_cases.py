@@ -25,6 +25,7 @@ reported and left out).
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -220,19 +221,22 @@ def main():
         if only and arch not in only:
             continue
         for exporter in EXPORTERS:
-            d = os.path.join(out, f"{arch}_{exporter}")
-            os.makedirs(d, exist_ok=True)
-            path = os.path.join(d, "model.onnx")
-            try:
-                feeds, ref = export(arch, exporter, path)
-                strip(path)
-                onnx.checker.check_model(path)
-                save_case(d, path, feeds, ref)
-                print(f"{arch}_{exporter}: written", flush=True)
-            except Exception as e:  # an export torch itself cannot write is reported, not a kiln case
-                print(f"{arch}_{exporter}: export failed: {str(e).splitlines()[0][:200]}", flush=True)
-                shutil.rmtree(d)
-
+            case = f"{arch}_{exporter}"
+            # Written into a folder of its own first: a case that fails leaves OUT as it was.
+            with tempfile.TemporaryDirectory() as tmp:
+                d = os.path.join(tmp, case)
+                os.makedirs(d)
+                path = os.path.join(d, "model.onnx")
+                try:
+                    feeds, ref = export(arch, exporter, path)
+                    strip(path)
+                    onnx.checker.check_model(path)
+                    save_case(d, path, feeds, ref)
+                except Exception as e:  # an export torch itself cannot write is reported, not a kiln case
+                    print(f"{case}: export failed: {str(e).splitlines()[0][:200]}", flush=True)
+                    continue
+                shutil.copytree(d, os.path.join(out, case), dirs_exist_ok=True)
+            print(f"{case}: written", flush=True)
 
 if __name__ == "__main__":
     main()
