@@ -381,3 +381,38 @@ fn gather_out_of_range_is_an_error() {
     be.run(&mut plan, &ok, &mut out).unwrap();
     assert_eq!(&out.tensors[0].to_f32_vec()[..3], weights[0].to_f32_vec()[9..12].as_ref());
 }
+
+/// A gated FFN, `(x·Wu + bu) · silu(x·Wg)` with SiLU written as PyTorch exports it
+/// (`g · sigmoid(g)`): the up projection's GEMM applies the gate in its microkernel epilogue
+/// (`GATED`), on both tile widths, matching the reference; GELU-gated (GeGLU) too.
+#[test]
+fn gemm_gated_epilogue() {
+    for gelu in [false, true] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(24)], InputRole::Other).unwrap();
+        let wg = b.weight("wg", DType::F32, &[24, 40]).unwrap();
+        let wu = b.weight("wu", DType::F32, &[24, 40]).unwrap();
+        let bu = b.weight("bu", DType::F32, &[40]).unwrap();
+        let g = b.matmul(x, wg).unwrap();
+        let act = if gelu {
+            b.gelu(g).unwrap()
+        } else {
+            let s = b.unary(UnaryOp::Sigmoid, g).unwrap();
+            b.mul(g, s).unwrap()
+        };
+        let u = b.matmul(x, wu).unwrap();
+        let u = b.add(u, bu).unwrap();
+        let y = b.mul(u, act).unwrap();
+        b.output("y", y);
+        let g = b.finish().unwrap();
+        check(if gelu { "geglu" } else { "swiglu" }, &g, Bucket::new(3, 5), 1e-5);
+        if !gelu {
+            // The gate's activation is in the GEMM call's epilogue: code 6 (SiLU) with GATED.
+            let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+            let (c, _) = be.compile(&g, Bucket::new(1, 2), true).unwrap();
+            let clif: String = c.clif.iter().map(|(_, t)| t.as_str()).collect();
+            let code = (kiln_kernels::math::Activation::Silu as u32 | kiln_kernels::gemm::GATED).to_string();
+            assert!(clif.contains(&format!("iconst.i32 {code}")), "no gated SiLU epilogue in:\n{clif}");
+        }
+    }
+}

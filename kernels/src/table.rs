@@ -31,7 +31,8 @@ use std::mem::offset_of;
 /// Version of the table layout and entry semantics; generated code may check it.
 /// 2: `AttentionArgs::flags` (was padding) carries `ATTN_ZERO_NAN_ROWS`.
 /// 3: the GEMM epilogue's activation code 7, `Activation::Relu6`.
-pub const KERNEL_ABI_VERSION: u32 = 3;
+/// 4: the GEMM epilogue's `GATED` bit: `(acc + bias) · act(residual)`.
+pub const KERNEL_ABI_VERSION: u32 = 4;
 
 /// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
 pub type GemmFn = unsafe extern "C" fn(
@@ -254,7 +255,10 @@ unsafe fn gemm_entry(
     } else {
         unsafe { *epi }
     };
-    let act = Activation::from_u32(e.activation).ok_or(KernelError::BadActivation(e.activation))?;
+    let gated = e.activation & crate::gemm::GATED != 0;
+    let act = Activation::from_u32(e.activation & !crate::gemm::GATED)
+        .filter(|_| !gated || !e.residual.is_null())
+        .ok_or(KernelError::BadActivation(e.activation))?;
     if !e.residual.is_null() {
         crate::error::span("residual", m, n, e.residual_stride)?;
     }

@@ -254,6 +254,12 @@ fn status_codes() {
             call(2, 2, &bad_act, sl, &mut s, &mut c),
             KernelError::BadActivation(99).code()
         );
+        // A gate needs a residual to gate with.
+        let gate_without_residual = Epilogue { activation: 6 | kiln_kernels::gemm::GATED, ..Epilogue::NONE };
+        assert_eq!(
+            call(2, 2, &gate_without_residual, sl, &mut s, &mut c),
+            KernelError::BadActivation(6 | kiln_kernels::gemm::GATED).code()
+        );
         assert_eq!(
             call(2, 2, std::ptr::null(), 1, &mut s, &mut c),
             KernelError::ScratchTooSmall { needed: 0, got: 0 }.code()

@@ -173,7 +173,7 @@ unsafe fn store_tile<const R: usize>(
                         _mm256_mul_ps(x, alpha_v)
                     };
                     if let Some(t) = post {
-                        r = post8::<true, 1>([r], m, [t.operands(i, col)], t.act)[0];
+                        r = post8::<true, 1>([r], m, [t.operands(i, col)], t.act, t.gated())[0];
                     }
                     _mm256_maskstore_ps(p, m, r);
                 }
@@ -220,7 +220,7 @@ unsafe fn store_row_post(
             };
             ops[w] = t.operands(i, w * 8);
         }
-        let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act);
+        let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act, t.gated());
         for (w, &x) in v.iter().enumerate() {
             _mm256_storeu_ps(c.add(i * ldc + w * 8), x);
         }
@@ -383,22 +383,23 @@ pub(super) unsafe fn epilogue(
             let cp = c.add(i * ldc);
             let mut j = 0;
             while j + 8 <= cols {
-                let v = post8::<false, 1>([_mm256_loadu_ps(cp.add(j))], all, [e.operands(i, row0, col0 + j)], act)[0];
+                let v = post8::<false, 1>([_mm256_loadu_ps(cp.add(j))], all, [e.operands(i, row0, col0 + j)], act, e.gated())[0];
                 _mm256_storeu_ps(cp.add(j), v);
                 j += 8;
             }
             if j < cols {
                 let m = tail_mask(cols - j);
-                let v = post8::<true, 1>([_mm256_maskload_ps(cp.add(j), m)], m, [e.operands(i, row0, col0 + j)], act)[0];
+                let v = post8::<true, 1>([_mm256_maskload_ps(cp.add(j), m)], m, [e.operands(i, row0, col0 + j)], act, e.gated())[0];
                 _mm256_maskstore_ps(cp.add(j), m, v);
             }
         }
     }
 }
 
-/// K vectors of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
-/// null), their lanes loaded under `m` when `MASKED`; the K activations side by side
-/// (`simd::act_n`). The one definition the separate pass and the tile store share.
+/// K vectors of the epilogue: `act(v + bias) + residual`, or `(v + bias) · act(residual)` when
+/// `gated` (bias and residual skipped where null), their lanes loaded under `m` when `MASKED`;
+/// the K activations side by side (`simd::act_n`). The one definition the separate pass and the
+/// tile store share.
 ///
 /// # Safety
 /// AVX2+FMA present; `bp`/`rp` null or readable for 8 floats (the lanes of `m` when `MASKED`).
@@ -408,6 +409,7 @@ unsafe fn post8<const MASKED: bool, const K: usize>(
     m: __m256i,
     ops: [(*const f32, *const f32); K],
     act: Activation,
+    gated: bool,
 ) -> [__m256; K] {
     // SAFETY: the caller's contract.
     unsafe {
@@ -416,10 +418,23 @@ unsafe fn post8<const MASKED: bool, const K: usize>(
                 *x = _mm256_add_ps(*x, if MASKED { _mm256_maskload_ps(bp, m) } else { _mm256_loadu_ps(bp) });
             }
         }
+        let load = |rp: *const f32| if MASKED { _mm256_maskload_ps(rp, m) } else { _mm256_loadu_ps(rp) };
+        if gated {
+            // (The raw entry refuses a gate without a residual.)
+            let mut g = v;
+            for (x, &(_, rp)) in g.iter_mut().zip(&ops) {
+                *x = load(rp);
+            }
+            let g = simd::act_n(act, g);
+            for (x, gx) in v.iter_mut().zip(g) {
+                *x = _mm256_mul_ps(*x, gx);
+            }
+            return v;
+        }
         v = simd::act_n(act, v);
         for (x, &(_, rp)) in v.iter_mut().zip(&ops) {
             if !rp.is_null() {
-                *x = _mm256_add_ps(*x, if MASKED { _mm256_maskload_ps(rp, m) } else { _mm256_loadu_ps(rp) });
+                *x = _mm256_add_ps(*x, load(rp));
             }
         }
         v

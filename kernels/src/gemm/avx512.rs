@@ -85,7 +85,7 @@ pub(super) unsafe fn epilogue(
                 let w = (cols - j).min(16);
                 let m: __mmask16 = if w == 16 { 0xFFFF } else { (1u16 << w) - 1 };
                 let (bp, rp) = e.operands(i, row0, col0 + j);
-                let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act);
+                let v = post16(_mm512_maskz_loadu_ps(m, cp.add(j)), m, bp, rp, act, e.gated());
                 _mm512_mask_storeu_ps(cp.add(j), m, v);
                 j += 16;
             }
@@ -93,17 +93,22 @@ pub(super) unsafe fn epilogue(
     }
 }
 
-/// One vector of the epilogue: `act(v + bias) + residual` (bias and residual skipped where
-/// null, their lanes loaded under `m`); shared by the separate pass and the tile store.
+/// One vector of the epilogue: `act(v + bias) + residual`, or `(v + bias) · act(residual)` when
+/// `gated` (bias and residual skipped where null, their lanes loaded under `m`); shared by the
+/// separate pass and the tile store.
 ///
 /// # Safety
 /// AVX-512F present; `bp`/`rp` null or readable in the lanes of `m`.
 #[inline(always)]
-unsafe fn post16(mut v: __m512, m: __mmask16, bp: *const f32, rp: *const f32, act: Activation) -> __m512 {
+unsafe fn post16(mut v: __m512, m: __mmask16, bp: *const f32, rp: *const f32, act: Activation, gated: bool) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe {
         if !bp.is_null() {
             v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bp));
+        }
+        if gated {
+            // (The raw entry refuses a gate without a residual.)
+            return _mm512_mul_ps(v, crate::math::simd::act(act, _mm512_maskz_loadu_ps(m, rp)));
         }
         v = crate::math::simd::act(act, v);
         if !rp.is_null() {
@@ -238,7 +243,7 @@ unsafe fn store_rows<const R: usize, const P: usize, const GELU: bool>(
                 };
                 if let Some(t) = post {
                     let (bp, rp) = t.operands(i, col);
-                    r = post16(r, m, bp, rp, if GELU { Activation::GeluErf } else { t.act });
+                    r = post16(r, m, bp, rp, if GELU { Activation::GeluErf } else { t.act }, t.gated());
                 }
                 _mm512_mask_storeu_ps(cp, m, r);
             }

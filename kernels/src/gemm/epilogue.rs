@@ -10,11 +10,13 @@ use super::*;
 /// | 0      | `bias`            | i64       | `*const f32`, `n` floats, or null                   |
 /// | 8      | `residual`        | i64       | `*const f32`, row `i` at `residual + i·stride`, or null |
 /// | 16     | `residual_stride` | i64       | floats between residual rows (≥ n when m > 1)       |
-/// | 24     | `activation`      | i32       | [`Activation`] code                                 |
+/// | 24     | `activation`      | i32       | [`Activation`] code, plus [`GATED`]                 |
 /// | 28     | `scale`           | f32       | multiplies the product A·B                           |
 ///
-/// Result: `C[i,j] = act(scale·Σₚ A[i,p]·B[p,j] + (accumulate ? C_old[i,j] : 0) + bias[j]) + residual[i,j]`.
-/// The residual must not alias C (to add into C in place, use `accumulate` instead).
+/// Result: `C[i,j] = act(scale·Σₚ A[i,p]·B[p,j] + (accumulate ? C_old[i,j] : 0) + bias[j]) + residual[i,j]`,
+/// or with [`GATED`] `(scale·Σₚ A[i,p]·B[p,j] + (accumulate ? C_old[i,j] : 0) + bias[j]) · act(residual[i,j])`
+/// (a gated FFN's `up · silu(gate)`, GeGLU's with the GELU). The residual must not alias C (to
+/// add into C in place, use `accumulate` instead).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Epilogue {
@@ -25,7 +27,17 @@ pub struct Epilogue {
     pub scale: f32,
 }
 
+/// The `activation` bit that makes the residual a gate: the activation applies to it, and it
+/// multiplies instead of adding (it needs a residual).
+pub const GATED: u32 = 1 << 8;
+
 impl Epilogue {
+    /// Whether the residual is a gate ([`GATED`]).
+    #[inline(always)]
+    pub(super) fn gated(&self) -> bool {
+        self.activation & GATED != 0
+    }
+
     /// No epilogue: scale 1, no bias, no activation, no residual.
     pub const NONE: Epilogue = Epilogue {
         bias: std::ptr::null(),
@@ -90,6 +102,12 @@ impl TilePost<'_> {
     pub(super) unsafe fn operands(&self, i: usize, col: usize) -> (*const f32, *const f32) {
         // SAFETY: the caller's contract.
         unsafe { self.epi.operands(i, self.row0, self.col0 + col) }
+    }
+
+    /// Whether the residual is a gate ([`GATED`]).
+    #[inline(always)]
+    pub(super) fn gated(&self) -> bool {
+        self.epi.gated()
     }
 }
 

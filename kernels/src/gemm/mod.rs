@@ -77,7 +77,7 @@ pub(crate) use batched::{gemm_batched_raw, injective};
 pub use batched::{batched_scratch_len, batched_scratch_len_per_thread, gemm_batched, BatchedGemmArgs, Strided, StridedMut};
 pub(crate) use block::{gemm_block, GemmDesc};
 pub(crate) use epilogue::TilePost;
-pub use epilogue::{Epilogue, EpilogueRef};
+pub use epilogue::{Epilogue, EpilogueRef, GATED};
 pub(crate) use pack::{align64, apack_len, pack_b_raw};
 pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
 pub(crate) use split::gemm_raw;

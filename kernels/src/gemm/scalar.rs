@@ -97,9 +97,11 @@ pub(super) unsafe fn epilogue(
                 if !e.bias.is_null() {
                     v += *e.bias.add(col0 + j);
                 }
-                v = act.apply(v);
-                if !e.residual.is_null() {
-                    v += *e.residual.add((row0 + i) * e.residual_stride + col0 + j);
+                let r = (!e.residual.is_null()).then(|| *e.residual.add((row0 + i) * e.residual_stride + col0 + j));
+                match r {
+                    Some(r) if e.gated() => v *= act.apply(r),
+                    Some(r) => v = act.apply(v) + r,
+                    None => v = act.apply(v),
                 }
                 *cp = v;
             }
