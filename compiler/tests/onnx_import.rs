@@ -788,6 +788,13 @@ fn empty_slices_and_split_pieces_are_left_out() {
     be.run(&mut plan, &Batch { tensors: vec![xt.clone()] }, &mut out).unwrap();
     assert_eq!(out.tensors[0].to_f32_vec(), y[0].to_f32_vec());
 
+    // Concatenated with a large initializer (a weight read lazily): the initializer's values.
+    let big: Vec<f32> = (0..240).map(|i| i as f32 * 0.5).collect();
+    let mut g = graph(vec![nodes[0].clone(), node("Concat", &["pass", "big"], &["y"], vec![int_attr("axis", 2)])], "y");
+    g.initializer.push(tensor("big", tensor_proto::DataType::Float, &[2, 3, 40], big.clone(), vec![], None));
+    let y = run_graph(dir.path(), g, 18, std::slice::from_ref(&xt)).unwrap();
+    assert_eq!((y[0].shape.clone(), y[0].to_f32_vec()), (vec![2, 3, 40], big));
+
     // An empty value as the graph's output, and one a MatMul would need, name the node.
     let e = run_graph(dir.path(), graph(nodes[..1].to_vec(), "pass"), 18, std::slice::from_ref(&xt)).unwrap_err().to_string();
     assert!(e.contains("output `pass` is empty"), "{e}");

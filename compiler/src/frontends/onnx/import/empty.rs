@@ -18,9 +18,10 @@ const MAX_STAND_IN: usize = 1 << 20;
 impl Importer<'_> {
     /// `cx`'s outputs as empty literals where the node computes nothing: a Slice that keeps no
     /// element along some axis of a run-time value (a Split with such a piece: that piece, the
-    /// others as slices), or an op with an empty input whose outputs are all empty. That second case is found by folding the op with each run-time input stood
-    /// in for by ones of its shape and type: an empty result has no values that could depend on
-    /// them. `None`: the node computes something (its family imports it, or says why not).
+    /// others as slices), or an op with an empty input whose outputs are all empty. The second
+    /// is found by folding the op with each run-time input stood in for by ones of its shape
+    /// and type: an empty result has no values that could depend on them. `None`: the node
+    /// computes something (its family imports it, or says why not).
     pub(super) fn empty_outputs(&mut self, cx: &NodeCx) -> R<Option<Vec<Val>>> {
         if cx.op == "Split" {
             if let Some(x @ Val::Node(_)) = cx.ins.first().cloned().flatten() {
@@ -51,6 +52,8 @@ impl Importer<'_> {
         for v in cx.ins {
             stand_ins.push(match v {
                 None => None,
+                // A large initializer not read yet: nothing to fold with here.
+                Some(Val::Lit(l)) if is_lazy(l) => return Ok(None),
                 Some(Val::Lit(l)) => Some(l.clone()),
                 Some(v @ Val::Node(_)) => {
                     let s = self.shape(v);
