@@ -319,9 +319,7 @@ fn take_buffer(buffers: &mut Vec<Vec<f64>>, free: &mut Vec<usize>, len: usize, n
             Ok(b)
         }
         None => {
-            let mut v = Vec::new();
-            grow(&mut v, len, node)?;
-            buffers.push(v);
+            buffers.push(zeroed(len, node)?);
             Ok(buffers.len() - 1)
         }
     }
@@ -336,6 +334,13 @@ fn grow(v: &mut Vec<f64>, len: usize, node: &str) -> Result<()> {
     })?;
     v.resize(len, 0.0);
     Ok(())
+}
+
+/// `len` zeros, or an error naming `node` ([`grow`]).
+fn zeroed(len: usize, node: &str) -> Result<Vec<f64>> {
+    let mut v = Vec::new();
+    grow(&mut v, len, node)?;
+    Ok(v)
 }
 
 /// Copies a tensor's elements into an f64 buffer of the same length, without allocating.
@@ -619,10 +624,6 @@ impl ReferenceBackend {
                 }
             }
         }
-        let scratch = |n: usize| {
-            let mut v = Vec::new();
-            grow(&mut v, n, "<transposed matmul operand>").map(|_| v)
-        };
         Ok(ReferencePlan {
             graph: graph.clone(),
             bucket,
@@ -631,7 +632,7 @@ impl ReferenceBackend {
             srcs,
             kept,
             buffers,
-            scratch: [scratch(scratch_len[0])?, scratch(scratch_len[1])?],
+            scratch: [zeroed(scratch_len[0], "<transposed matmul operand>")?, zeroed(scratch_len[1], "<transposed matmul operand>")?],
             steps,
         })
     }

@@ -57,11 +57,11 @@ impl Importer<'_> {
                 Some(Val::Lit(l)) => Some(l.clone()),
                 Some(v @ Val::Node(_)) => {
                     let s = self.shape(v);
-                    total += s.iter().product::<usize>();
+                    let n = s.iter().product::<usize>();
+                    total += n;
                     if total > MAX_STAND_IN {
                         return Ok(None);
                     }
-                    let n = s.iter().product();
                     Some(Lit::of(self.elem(v), s, vec![1.0; n]))
                 }
             });

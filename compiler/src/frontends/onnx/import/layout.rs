@@ -197,6 +197,7 @@ impl Importer<'_> {
                 let mut y = x;
                 for (ax, b, step, len) in cuts {
                     if len == 0 {
+                        // (`empty_outputs` binds an empty Slice before this.)
                         return unsup("an empty Slice (kiln has no empty tensors)");
                     }
                     if step != 1 {
