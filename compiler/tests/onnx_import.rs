@@ -819,3 +819,58 @@ fn a_value_larger_than_memory_is_an_error() {
     let e = run_graph(dir.path(), g, 18, &ins).unwrap_err().to_string();
     assert!(e.contains("n_y") && e.contains("cannot be allocated"), "{e}");
 }
+
+/// DynamicQuantizeLinear as ONNX defines it and onnxruntime computes it (`GetQuantizationParameter`,
+/// `MlasQuantizeLinear`), written here from that definition in f32: scale = (hi - lo) / 255 (1
+/// for an all-zero input), zero = round(clamp(-lo / scale, 0, 255)), y = round(clamp(x / scale,
+/// -zero, 255 - zero)) + zero, rounding to nearest even. On 196 608 normal values, the reference
+/// interpreter and the CPU backend give every integer exactly; the data holds quotients just
+/// below a tie that adding the zero point to the f32 quotient before rounding (kiln's earlier
+/// form) moved a step (counted, so the test cannot pass by not reaching them).
+#[test]
+fn dynamic_quantize_linear_matches_the_definition_bit_for_bit() {
+    use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+    use kiln_runtime::cpu::Threads;
+    use kiln_runtime::{Backend, Batch, Outputs};
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3 * 65536;
+    let g = GraphProto {
+        node: vec![node("DynamicQuantizeLinear", &["x"], &["y", "s", "z"], vec![])],
+        input: vec![vi("x", 1, &[Ok(n as i64)])],
+        output: vec![vi("y", 2, &[Ok(n as i64)]), vi("s", 1, &[]), vi("z", 2, &[])],
+        ..Default::default()
+    };
+    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
+    let m = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = m.graph_for(b).unwrap();
+    let w = m.weights(&g).unwrap();
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), ..Default::default() }).unwrap();
+    let uploaded = be.upload(&w, &g).unwrap();
+    let mut plan = be.lower(&uploaded, &g, b).unwrap();
+    let mut rng = kiln_testkit::random::Rng::new(7);
+    for (case, amp) in [(0, 2.0f32), (1, 0.0), (2, 37.5)] {
+        // Normal-ish values (a sum of four uniforms), shifted so that min and max differ in size.
+        let x: Vec<f32> = (0..n).map(|_| amp * ((0..4).map(|_| rng.uniform(-1.0, 1.0)).sum::<f32>() + 0.3)).collect();
+        let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+        let hi = x.iter().fold(0f32, |a, &v| a.max(v));
+        let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
+        let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
+        let want: Vec<f32> = x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even() + zero).collect();
+        let earlier = x.iter().zip(&want).filter(|&(&v, &y)| (((v / scale) + zero).clamp(0.0, 255.0) + 0.5).trunc() != y).count();
+        if case == 0 {
+            assert!(earlier > 0, "the data reaches no quotient the earlier form rounded a step off");
+        }
+        let ins = [HostTensor::f32(vec![n], x).unwrap()];
+        let reference = interpret(&g, &w, &ins, b).unwrap();
+        let mut out = Outputs::for_bucket(&g, b);
+        be.run(&mut plan, &Batch { tensors: ins.to_vec() }, &mut out).unwrap();
+        for (who, got) in [("reference", &reference), ("cpu", &out.tensors)] {
+            assert_eq!(got[1].to_f32_vec(), [scale], "case {case} {who}: scale");
+            assert_eq!(got[2].to_f32_vec(), [zero], "case {case} {who}: zero point");
+            let y = got[0].to_f32_vec();
+            let off = y.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(off, 0, "case {case} {who}: {off} of {n} values differ ({earlier} would with the earlier form)");
+        }
+    }
+}

@@ -549,9 +549,13 @@ impl Importer<'_> {
     }
 
     /// Dynamic (per-tensor) uint8 quantization of `x`: (y, scale, zero point), the integers
-    /// held in f32. scale = (max(x, 0) - min(x, 0)) / 255, zero = round(-min / scale).
-    /// Rounding is half up (`trunc(v + 0.5)` after clamping to [0, 255]), where ONNX says half
-    /// to even: they differ only on exact ties.
+    /// held in f32, as ONNX defines it and onnxruntime computes it (`GetQuantizationParameter`,
+    /// `MlasQuantizeLinear`): with lo = min(min x, 0) and hi = max(max x, 0),
+    /// scale = (hi - lo) / 255 (1 where hi = lo: an all-zero input), zero = round(clamp(-lo /
+    /// scale, 0, 255)) and y = round(clamp(x / scale, -zero, 255 - zero)) + zero, each round to
+    /// nearest even. The zero point is added after rounding, to the integer: added to the f32
+    /// quotient first it would round that sum, and a quotient within half an ulp of the sum
+    /// below a tie (about three in 200 000 normal values) would land one step off.
     fn dynamic_quantize(&mut self, name: &str, x: ValueId, scale_name: Option<String>) -> R<(ValueId, ValueId, ValueId)> {
         if self.dtype(&Val::Node(x)) != DType::F32 {
             return unsup("dynamic quantization of a non-f32 input");
@@ -563,19 +567,28 @@ impl Importer<'_> {
         let nlo = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
         let hi = self.bin(name, BinaryOp::Max, hi, zero)?;
         let nlo = self.bin(name, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
-        let range = self.bin(name, BinaryOp::Add, hi, nlo)?;
-        let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
-        let fresh = self.fresh(name);
-        let scale_name = scale_name.unwrap_or(fresh);
         // Every step an f32 op as onnxruntime's (`f32_op`): the reference backend then meets
         // the same ties (x = 2 with scale 4/255 is 127.49999 in f32, 127.5 in f64).
-        let scale = self.bin(name, BinaryOp::Div, range, q)?;
+        let range = self.f32_op(name, BinaryOp::Add, hi, nlo)?;
+        let q = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
+        let unit = self.scalar(&self.fresh(name), 1.0, DType::F32)?;
+        let step = self.f32_op(name, BinaryOp::Div, range, q)?;
+        let flat = self.bin(name, BinaryOp::Eq, range, zero)?;
+        let fresh = self.fresh(name);
+        let scale_name = scale_name.unwrap_or(fresh);
+        let scale = self.tmp(name, Op::Where, vec![flat, unit, step])?;
         let scale = self.push(&scale_name, Op::Cast { to: DType::F32 }, vec![scale])?;
         let zf = self.f32_op(name, BinaryOp::Div, nlo, scale)?;
-        let zp = self.round_u8(name, zf)?;
+        let zc = self.bin(name, BinaryOp::Min, zf, q)?;
+        let zc = self.bin(name, BinaryOp::Max, zc, zero)?;
+        let zp = self.un(name, UnaryOp::Round, zc)?;
         let v = self.f32_op(name, BinaryOp::Div, x, scale)?;
-        let v = self.f32_op(name, BinaryOp::Add, v, zp)?;
-        let y = self.round_u8(name, v)?;
+        let lo = self.un(name, UnaryOp::Neg, zp)?;
+        let top = self.bin(name, BinaryOp::Sub, q, zp)?;
+        let v = self.bin(name, BinaryOp::Max, v, lo)?;
+        let v = self.bin(name, BinaryOp::Min, v, top)?;
+        let r = self.un(name, UnaryOp::Round, v)?;
+        let y = self.bin(name, BinaryOp::Add, r, zp)?;
         Ok((y, scale, zp))
     }
 
@@ -584,18 +597,6 @@ impl Importer<'_> {
     pub(super) fn f32_op(&mut self, name: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
         let v = self.tmp(name, Op::Binary(op), vec![a, b])?;
         self.tmp(name, Op::Cast { to: DType::F32 }, vec![v])
-    }
-
-    /// `v` rounded half up to an integer in [0, 255] (a uint8 held in f32).
-    fn round_u8(&mut self, name: &str, v: ValueId) -> R<ValueId> {
-        let lo = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
-        let hi = self.scalar(&self.fresh(name), 255.0, DType::F32)?;
-        let half = self.scalar(&self.fresh(name), 0.5, DType::F32)?;
-        let c = self.tmp(name, Op::Binary(BinaryOp::Min), vec![v, hi])?;
-        let c = self.tmp(name, Op::Binary(BinaryOp::Max), vec![c, lo])?;
-        let h = self.f32_op(name, BinaryOp::Add, c, half)?;
-        let i = self.tmp(name, Op::Cast { to: DType::I64 }, vec![h])?;
-        self.tmp(name, Op::Cast { to: DType::F32 }, vec![i])
     }
 
     /// `v` (already divided by the scale) as ONNX quantizes it: rounded half to even, plus the
