@@ -696,10 +696,12 @@ fn tiny_encoder_matches_a_direct_implementation() {
 }
 
 /// Floor, Ceil and Round (ties to even, as ONNX says) against Rust's own f64 functions, bit for
-/// bit: halves, the sign of zero (ceil(-0.5) = round(-0.4) = -0), NaN, infinities, denormals and
-/// values past 2^23 where every f32 is an integer.
+/// bit, on the reference interpreter and the CPU backend (vector lanes and the scalar tail;
+/// its Round is the `nearest` instruction): halves, the sign of zero (ceil(-0.5) = round(-0.4)
+/// = -0), NaN, infinities, denormals and values past 2^23 where every f32 is an integer.
 #[test]
 fn rounding_ops_match_std() {
+    use kiln_compiler::backends::cpu::CpuBackend;
     use UnaryOp::*;
     let xs: [f32; 22] = [
         -2.5, -1.5, -0.5, -0.4, -0.0, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 2.7, -2.7, -3.0, 3.0, 8388607.5, 8388609.0, -8388607.5,
@@ -708,13 +710,21 @@ fn rounding_ops_match_std() {
     type Std = fn(f64) -> f64;
     let std_fns: [(UnaryOp, Std); 3] = [(Floor, f64::floor), (Ceil, f64::ceil), (Round, f64::round_ties_even)];
     let g = graph_of(&[&[xs.len()]], |g, x| std_fns.iter().map(|&(op, _)| g.unary(op, x[0]).unwrap()).collect());
-    let out = interpret(&g, &[], &[f32t(&[xs.len()], &xs)], B11).unwrap();
+    let input = f32t(&[xs.len()], &xs);
+    let out = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
+    let be = CpuBackend::new().unwrap();
+    let w = be.upload(&[], &g).unwrap();
+    let mut plan = be.lower(&w, &g, B11).unwrap();
+    let mut cpu = Outputs::for_bucket(&g, B11);
+    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
     for (k, (op, f)) in std_fns.iter().enumerate() {
-        let got = out[k].data.to_f64_vec();
-        for (i, &x) in xs.iter().enumerate() {
-            let want = f(x as f64);
-            let same = if want.is_nan() { got[i].is_nan() } else { got[i].to_bits() == want.to_bits() };
-            assert!(same, "{op:?}({x}) = {}, want {want}", got[i]);
+        for (who, res) in [("reference", &out[k]), ("cpu", &cpu.tensors[k])] {
+            let got = res.data.to_f64_vec();
+            for (i, &x) in xs.iter().enumerate() {
+                let want = f(x as f64);
+                let same = if want.is_nan() { got[i].is_nan() } else { got[i].to_bits() == want.to_bits() };
+                assert!(same, "{who}: {op:?}({x}) = {}, want {want}", got[i]);
+            }
         }
     }
 }

@@ -77,4 +77,10 @@ pub trait Prims {
     fn ne(&mut self, a: Self::V, b: Self::V) -> Self::M;
     /// `m ? a : b`.
     fn select(&mut self, m: Self::M, a: Self::V, b: Self::V) -> Self::V;
+    /// The nearest integer, ties to even (IEEE roundToIntegralTiesToEven; -0.4 gives -0, NaN
+    /// and ±inf stay). By default [`unary::round_even`] from the primitives above; a target
+    /// whose instruction computes exactly this overrides it (same bits, fewer instructions).
+    fn nearest(&mut self, a: Self::V) -> Self::V {
+        unary::round_even(self, a)
+    }
 }

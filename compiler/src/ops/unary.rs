@@ -59,12 +59,39 @@ fn half_x_one_plus<P: Prims>(p: &mut P, x: P::V, t: P::V) -> P::V {
 
 /// floor(x) = t - 1 where x < t = trunc(x), else t: trunc keeps the sign (floor(-0) = -0,
 /// floor(+0.5) = +0), NaN and ±inf pass through (NaN < t is false).
-fn floor<P: Prims>(p: &mut P, x: P::V) -> P::V {
+fn floor<P: Prims + ?Sized>(p: &mut P, x: P::V) -> P::V {
     let t = p.trunc(x);
     let below = p.lt(x, t);
     let one = p.c(1.0);
     let t1 = p.sub(t, one);
     p.select(below, t1, t)
+}
+
+/// The nearest integer, ties to even (IEEE roundToIntegralTiesToEven), from the primitives:
+/// f = floor(x) and d = x - f (exact: f is x's integer part); f where d < 1/2, f + 1 where
+/// d > 1/2, the even one of the two where d = 1/2 (f is odd when f/2 is not an integer). Where
+/// x < 0, f + 1 = +0 becomes -0 (min with -0): round(-0.4) = -0. NaN and ±inf: d is NaN, so
+/// the tie branch runs and keeps f (NaN, ±inf). Past 2^23 (f32) every x is an integer and
+/// d = 0. [`Prims::nearest`]'s default; a target with the instruction uses it instead.
+pub fn round_even<P: Prims + ?Sized>(p: &mut P, x: P::V) -> P::V {
+    let f = floor(p, x);
+    let d = p.sub(x, f);
+    let half = p.c(0.5);
+    let down = p.lt(d, half);
+    let up = p.lt(half, d);
+    let one = p.c(1.0);
+    let f1 = p.add(f, one);
+    let zero = p.c(0.0);
+    let neg = p.lt(x, zero);
+    let nzero = p.c(-0.0);
+    let f1n = p.min(f1, nzero);
+    let f1 = p.select(neg, f1n, f1);
+    let h = p.mul(f, half);
+    let th = p.trunc(h);
+    let odd = p.ne(th, h);
+    let tie = p.select(odd, f1, f);
+    let above = p.select(up, f1, tie);
+    p.select(down, f, above)
 }
 
 /// sin(x) (`cos`: false) or cos(x): x = k·π/2 + r with |r| ≤ π/4 (k = floor(x·2/π + ½), r
@@ -223,31 +250,7 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
             let t1 = p.add(t, one);
             p.select(above, t1, t)
         }
-        // Ties to even: f = floor(x) and d = x - f (exact: f is x's integer part); f where
-        // d < 1/2, f + 1 where d > 1/2, the even one of the two where d = 1/2 (f is odd when f/2
-        // is not an integer). Where x < 0, f + 1 = +0 becomes -0 (min with -0): round(-0.4) =
-        // -0. NaN and ±inf: d is NaN, so the tie branch runs and keeps f (NaN, ±inf). Past 2^23
-        // (f32) every x is an integer and d = 0.
-        UnaryOp::Round => {
-            let f = floor(p, x);
-            let d = p.sub(x, f);
-            let half = p.c(0.5);
-            let down = p.lt(d, half);
-            let up = p.lt(half, d);
-            let one = p.c(1.0);
-            let f1 = p.add(f, one);
-            let zero = p.c(0.0);
-            let neg = p.lt(x, zero);
-            let nzero = p.c(-0.0);
-            let f1n = p.min(f1, nzero);
-            let f1 = p.select(neg, f1n, f1);
-            let h = p.mul(f, half);
-            let th = p.trunc(h);
-            let odd = p.ne(th, h);
-            let tie = p.select(odd, f1, f);
-            let above = p.select(up, f1, tie);
-            p.select(down, f, above)
-        }
+        UnaryOp::Round => p.nearest(x),
         UnaryOp::Recip => {
             let one = p.c(1.0);
             p.div(one, x)

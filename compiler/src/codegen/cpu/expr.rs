@@ -100,4 +100,9 @@ impl Prims for ClifPrims<'_, '_, '_> {
     fn select(&mut self, m: Value, a: Value, b: Value) -> Value {
         self.fx.sel(m, a, b)
     }
+    // `roundps`/`roundss` with round-to-nearest-even (SSE4.1, which `trunc` needs too):
+    // IEEE's roundToIntegralTiesToEven, so the bits of the default sequence.
+    fn nearest(&mut self, a: Value) -> Value {
+        self.fx.b.ins().nearest(a)
+    }
 }

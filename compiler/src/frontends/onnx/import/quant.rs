@@ -560,11 +560,10 @@ impl Importer<'_> {
         if self.dtype(&Val::Node(x)) != DType::F32 {
             return unsup("dynamic quantization of a non-f32 input");
         }
-        let all: Vec<usize> = (0..self.shape(&Val::Node(x)).len()).collect();
         let zero = self.scalar(&self.fresh(name), 0.0, DType::F32)?;
-        let hi = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all.clone(), keep_dims: false }, vec![x])?;
+        let hi = self.tensor_max(name, x)?;
         let nx = self.tmp(name, Op::Unary(UnaryOp::Neg), vec![x])?;
-        let nlo = self.tmp(name, Op::Reduce { op: ReduceOp::Max, axes: all, keep_dims: false }, vec![nx])?;
+        let nlo = self.tensor_max(name, nx)?;
         let hi = self.bin(name, BinaryOp::Max, hi, zero)?;
         let nlo = self.bin(name, BinaryOp::Max, nlo, zero)?; // -min(min x, 0)
         // Every step an f32 op as onnxruntime's (`f32_op`): the reference backend then meets
@@ -590,6 +589,22 @@ impl Importer<'_> {
         let r = self.un(name, UnaryOp::Round, v)?;
         let y = self.bin(name, BinaryOp::Add, r, zp)?;
         Ok((y, scale, zp))
+    }
+
+    /// The largest element of `x` (a scalar), in two steps where `x` has rows: the max of each
+    /// row, then of those. A max is the same in any order (NaN and the sign of zero included),
+    /// so this is the one-step result; the rows split over the CPU backend's threads, where one
+    /// reduction to a single value runs on one (a dynamic quantization's range, twice per
+    /// quantized activation).
+    fn tensor_max(&mut self, name: &str, x: ValueId) -> R<ValueId> {
+        let shape = self.shape(&Val::Node(x));
+        let r = shape.len();
+        let max = |axes: Vec<usize>| Op::Reduce { op: ReduceOp::Max, axes, keep_dims: false };
+        if r >= 2 && shape[..r - 1].iter().product::<usize>() >= 2 {
+            let rows = self.tmp(name, max(vec![r - 1]), vec![x])?;
+            return self.tmp(name, max((0..r - 1).collect()), vec![rows]);
+        }
+        self.tmp(name, max((0..r).collect()), vec![x])
     }
 
     /// `a op b` in f32, the result cast to f32 explicitly so the f64 reference backend rounds
