@@ -729,6 +729,47 @@ fn rounding_ops_match_std() {
     }
 }
 
+/// Max and Min against constants on the CPU backend, which emits a compare and a blend where
+/// the constant is neither NaN nor zero (a quantized model's clamps) and Cranelift's `fmax` /
+/// `fmin` otherwise: the reference's values bit for bit (NaN as NaN) on NaN, ±0, ±inf, values
+/// equal to the constant and on either side, in vector lanes and the scalar tail, with the
+/// constant on either side.
+#[test]
+fn clamps_against_constants_match_the_reference() {
+    use kiln_compiler::backends::cpu::CpuBackend;
+    use kiln_runtime::graph::BinaryOp::{self, Max, Min};
+    let xs: [f32; 23] = [
+        f32::NAN, -0.0, 0.0, 6.0, -3.0, 5.9, 6.1, -3.1, -2.9, 0.5, -2.5, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-40, 127.0, -128.0, 300.0,
+        -300.0, 0.25, 2.0, -7.0, f32::MAX,
+    ];
+    let cases: [(BinaryOp, f32, bool); 8] =
+        [(Max, 6.0, false), (Min, -3.0, false), (Max, -2.5, true), (Min, 0.5, true), (Max, 0.0, false), (Min, -0.0, true), (Min, f32::INFINITY, false), (Max, 127.0, true)];
+    let g = graph_of(&[&[xs.len()]], |g, x| {
+        cases
+            .iter()
+            .map(|&(op, c, first)| {
+                let k = g.scalar(c).unwrap();
+                let (a, b) = if first { (k, x[0]) } else { (x[0], k) };
+                g.binary(op, a, b).unwrap()
+            })
+            .collect()
+    });
+    let input = f32t(&[xs.len()], &xs);
+    let want = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
+    let be = CpuBackend::new().unwrap();
+    let w = be.upload(&[], &g).unwrap();
+    let mut plan = be.lower(&w, &g, B11).unwrap();
+    let mut cpu = Outputs::for_bucket(&g, B11);
+    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    for (k, &(op, c, first)) in cases.iter().enumerate() {
+        let (got, want) = (cpu.tensors[k].to_f32_vec(), want[k].to_f32_vec());
+        for (i, &x) in xs.iter().enumerate() {
+            let same = if want[i].is_nan() { got[i].is_nan() } else { got[i].to_bits() == want[i].to_bits() };
+            assert!(same, "{op:?}({}) = {}, want {}", if first { format!("{c}, {x}") } else { format!("{x}, {c}") }, got[i], want[i]);
+        }
+    }
+}
+
 /// kiln's sin/cos against libm's on the reference interpreter (f64) and the CPU backend (f32,
 /// vector and scalar lanes): |x| up to 2^16 (rotary angles), points next to multiples of π/2,
 /// ±0; NaN past 2^22.

@@ -165,6 +165,22 @@ impl<'a, 'p> Fx<'a, 'p> {
             self.b.ins().select(mask, a, b)
         }
     }
+    /// The constant every lane of `v` holds, where `v` is an `f32const` or a `vconst` of four
+    /// equal lanes (what [`Fx::fconst`] emits).
+    pub fn const_lanes(&self, v: Value) -> Option<f32> {
+        use cranelift_codegen::ir::InstructionData;
+        let dfg = &self.b.func.dfg;
+        let inst = dfg.value_def(v).inst()?;
+        match dfg.insts[inst] {
+            InstructionData::UnaryIeee32 { imm, .. } => Some(f32::from_bits(imm.bits())),
+            InstructionData::UnaryConst { constant_handle, .. } => {
+                let bytes = dfg.constants.get(constant_handle).as_slice();
+                let lane = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+                (bytes.len() == 16 && (1..4).all(|i| lane(i) == lane(0))).then(|| f32::from_bits(lane(0)))
+            }
+            _ => None,
+        }
+    }
     /// `a < b ? a : b` (x86 `minps` semantics: `b` when either is NaN).
     pub fn pmin(&mut self, a: Value, b: Value) -> Value {
         let m = self.fcmp(FloatCC::LessThan, a, b);
