@@ -730,10 +730,10 @@ fn rounding_ops_match_std() {
 }
 
 /// Max and Min against constants on the CPU backend, which emits a compare and a blend where
-/// the constant is neither NaN nor zero (a quantized model's clamps) and Cranelift's `fmax` /
-/// `fmin` otherwise: the reference's values bit for bit (NaN as NaN) on NaN, ±0, ±inf, values
-/// equal to the constant and on either side, in vector lanes and the scalar tail, with the
-/// constant on either side.
+/// the constant is not NaN (a quantized model's clamps, ReLU) and Cranelift's `fmax` / `fmin`
+/// otherwise: the reference's values bit for bit (NaN as NaN) on NaN, ±0 against ±0, ±inf,
+/// values equal to the constant and on either side, in vector lanes and the scalar tail, with
+/// the constant on either side.
 #[test]
 fn clamps_against_constants_match_the_reference() {
     use kiln_compiler::backends::cpu::CpuBackend;
@@ -742,8 +742,24 @@ fn clamps_against_constants_match_the_reference() {
         f32::NAN, -0.0, 0.0, 6.0, -3.0, 5.9, 6.1, -3.1, -2.9, 0.5, -2.5, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-40, 127.0, -128.0, 300.0,
         -300.0, 0.25, 2.0, -7.0, f32::MAX,
     ];
-    let cases: [(BinaryOp, f32, bool); 8] =
-        [(Max, 6.0, false), (Min, -3.0, false), (Max, -2.5, true), (Min, 0.5, true), (Max, 0.0, false), (Min, -0.0, true), (Min, f32::INFINITY, false), (Max, 127.0, true)];
+    let cases: [(BinaryOp, f32, bool); 16] = [
+        (Max, 6.0, false),
+        (Min, -3.0, false),
+        (Max, -2.5, true),
+        (Min, 0.5, true),
+        (Max, 0.0, false),
+        (Max, 0.0, true),
+        (Max, -0.0, false),
+        (Max, -0.0, true),
+        (Min, 0.0, false),
+        (Min, 0.0, true),
+        (Min, -0.0, false),
+        (Min, -0.0, true),
+        (Min, f32::INFINITY, false),
+        (Max, f32::NEG_INFINITY, true),
+        (Max, f32::NAN, false),
+        (Max, 127.0, true),
+    ];
     let g = graph_of(&[&[xs.len()]], |g, x| {
         cases
             .iter()

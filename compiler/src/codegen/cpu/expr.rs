@@ -37,9 +37,17 @@ pub(crate) fn emit_expr(fx: &mut Fx, e: &Expr, w: usize, loads: &[Option<Value>]
 }
 
 impl ClifPrims<'_, '_, '_> {
-    /// `v` itself where it is a constant in every lane that is neither NaN nor ±0.
-    fn clamp_const(&self, v: Value) -> Option<Value> {
-        self.fx.const_lanes(v).filter(|c| !c.is_nan() && *c != 0.0).map(|_| v)
+    /// max(x, k) (`max`) or min(x, k) for `k` a constant `c` in every lane, not NaN (see
+    /// `Prims::max` below).
+    fn clamp(&mut self, x: Value, k: Value, c: f32, max: bool) -> Value {
+        use cranelift_codegen::ir::condcodes::FloatCC::{LessThan, LessThanOrEqual};
+        let m = match (max, c == 0.0 && c.is_sign_positive(), c == 0.0 && c.is_sign_negative()) {
+            (true, true, _) => self.fx.fcmp(LessThanOrEqual, x, k),
+            (true, false, _) => self.fx.fcmp(LessThan, x, k),
+            (false, _, true) => self.fx.fcmp(LessThanOrEqual, k, x),
+            (false, _, false) => self.fx.fcmp(LessThan, k, x),
+        };
+        self.fx.sel(m, k, x)
     }
 }
 
@@ -77,21 +85,23 @@ impl Prims for ClifPrims<'_, '_, '_> {
         self.fx.b.ins().sqrt(a)
     }
     // Cranelift's fmax/fmin propagate NaN and order -0 < +0: the contract as it is, in about
-    // seven instructions each on x86. Against a constant that is neither NaN nor zero, one
-    // compare and one blend give the same result (`c < x ? c : x` is x where x is NaN, and
-    // the two zeros never meet): a quantized model's clamps, two per requantization.
+    // seven instructions each on x86. Against a constant c that is not NaN, one compare and
+    // one blend give the same result: max(x, c) = x < c ? c : x and min(x, c) = c < x ? c : x
+    // keep x where it is NaN, and where the two zeros meet the compare takes `<=` on the side
+    // that must win (max(-0, +0) = +0, min(+0, -0) = -0). A quantized model's clamps (two per
+    // requantization) and the ReLUs and Clips of elementwise kernels.
     fn max(&mut self, a: Value, b: Value) -> Value {
-        match (self.clamp_const(a), self.clamp_const(b)) {
-            (_, Some(c)) => self.fx.pmax(c, a),
-            (Some(c), None) => self.fx.pmax(c, b),
-            (None, None) => self.fx.b.ins().fmax(a, b),
+        match (self.fx.const_lanes(a), self.fx.const_lanes(b)) {
+            (_, Some(c)) if !c.is_nan() => self.clamp(a, b, c, true),
+            (Some(c), _) if !c.is_nan() => self.clamp(b, a, c, true),
+            _ => self.fx.b.ins().fmax(a, b),
         }
     }
     fn min(&mut self, a: Value, b: Value) -> Value {
-        match (self.clamp_const(a), self.clamp_const(b)) {
-            (_, Some(c)) => self.fx.pmin(c, a),
-            (Some(c), None) => self.fx.pmin(c, b),
-            (None, None) => self.fx.b.ins().fmin(a, b),
+        match (self.fx.const_lanes(a), self.fx.const_lanes(b)) {
+            (_, Some(c)) if !c.is_nan() => self.clamp(a, b, c, false),
+            (Some(c), _) if !c.is_nan() => self.clamp(b, a, c, false),
+            _ => self.fx.b.ins().fmin(a, b),
         }
     }
     fn trunc(&mut self, a: Value) -> Value {
