@@ -552,8 +552,8 @@ impl Importer<'_> {
     /// held in f32, as ONNX defines it and onnxruntime computes it (`GetQuantizationParameter`,
     /// `MlasQuantizeLinear`): with lo = min(min x, 0) and hi = max(max x, 0),
     /// scale = (hi - lo) / 255 (1 where hi = lo: an all-zero input), zero = round(clamp(-lo /
-    /// scale, 0, 255)) and y = round(clamp(x / scale, -zero, 255 - zero)) + zero, each round to
-    /// nearest even. The zero point is added after rounding, to the integer: added to the f32
+    /// scale, 0, 255)) and y = clamp(round(x / scale) + zero, 0, 255), each round to nearest
+    /// even. The zero point is added after rounding, to the integer: added to the f32
     /// quotient first it would round that sum, and a quotient within half an ulp of the sum
     /// below a tie (about three in 200 000 normal values) would land one step off.
     fn dynamic_quantize(&mut self, name: &str, x: ValueId, scale_name: Option<String>) -> R<(ValueId, ValueId, ValueId)> {
@@ -581,13 +581,14 @@ impl Importer<'_> {
         let zc = self.bin(name, BinaryOp::Min, zf, q)?;
         let zc = self.bin(name, BinaryOp::Max, zc, zero)?;
         let zp = self.un(name, UnaryOp::Round, zc)?;
+        // onnxruntime clamps the quotient to [-zero, 255 - zero] before rounding; for the
+        // integer zero point that is ONNX's saturate(round(v) + zero) to [0, 255], whose bounds
+        // are constants (a compare and a blend each on the CPU, not a NaN-exact max).
         let v = self.f32_op(name, BinaryOp::Div, x, scale)?;
-        let lo = self.un(name, UnaryOp::Neg, zp)?;
-        let top = self.bin(name, BinaryOp::Sub, q, zp)?;
-        let v = self.bin(name, BinaryOp::Max, v, lo)?;
-        let v = self.bin(name, BinaryOp::Min, v, top)?;
         let r = self.un(name, UnaryOp::Round, v)?;
         let y = self.bin(name, BinaryOp::Add, r, zp)?;
+        let y = self.bin(name, BinaryOp::Max, y, zero)?;
+        let y = self.bin(name, BinaryOp::Min, y, q)?;
         Ok((y, scale, zp))
     }
 
