@@ -416,3 +416,57 @@ fn gemm_gated_epilogue() {
         }
     }
 }
+
+/// A dequantizing GEMM, `act(x·W · s + b)` with `s` a one-element run-time value (the
+/// `a_scale · b_scale` of a dynamically quantized MatMul): `s` is the microkernel's scale, read
+/// when the kernel runs, so the bias and the activation stay in the microkernel's epilogue.
+/// Without an activation the output is `(acc · s) + b` rounded as written, bit for bit against
+/// the same GEMM's plain product; with GELU it matches the reference and the GELU's code is in
+/// the GEMM call's epilogue.
+#[test]
+fn gemm_runtime_scale_epilogue() {
+    let graph = |act: bool, scaled: bool| {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(24)], InputRole::Other).unwrap();
+        let s = b.input("s", DType::F32, vec![], InputRole::Other).unwrap();
+        let w = b.weight("w", DType::F32, &[24, 40]).unwrap();
+        let bias = b.weight("b", DType::F32, &[40]).unwrap();
+        let mut y = b.matmul(x, w).unwrap();
+        if scaled {
+            y = b.mul(y, s).unwrap();
+            y = b.add(y, bias).unwrap();
+        }
+        if act {
+            y = b.gelu(y).unwrap();
+        }
+        b.output("y", y);
+        b.finish().unwrap()
+    };
+    check("gemm_scale_gelu", &graph(true, true), Bucket::new(3, 5), 1e-5);
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+    let (c, _) = be.compile(&graph(true, true), Bucket::new(1, 2), true).unwrap();
+    let clif: String = c.clif.iter().map(|(_, t)| t.as_str()).collect();
+    let code = (kiln_kernels::math::Activation::GeluErf as u32).to_string();
+    assert!(clif.contains(&format!("iconst.i32 {code}")), "no GELU in the GEMM's epilogue:\n{clif}");
+
+    let bucket = Bucket::new(3, 5);
+    let (scaled, plain) = (graph(false, true), graph(false, false));
+    let mut rng = Rng::new(11);
+    let weights = random_weights(&scaled, &mut rng);
+    let inputs = random_inputs(&scaled, bucket, &mut rng);
+    let s = inputs[1].to_f32_vec()[0];
+    let run = |g: &Graph, ins: Vec<kiln_runtime::HostTensor>| {
+        let w = be.upload(&weights, g).unwrap();
+        let mut plan = be.lower(&w, g, bucket).unwrap();
+        let mut out = Outputs::for_bucket(g, bucket);
+        be.run(&mut plan, &Batch { tensors: ins }, &mut out).unwrap();
+        out.tensors[0].to_f32_vec()
+    };
+    let got = run(&scaled, inputs.clone());
+    let acc = run(&plain, inputs);
+    let bias = weights[1].to_f32_vec();
+    for (i, (&g, &a)) in got.iter().zip(&acc).enumerate() {
+        let want = a * s + bias[i % 40];
+        assert_eq!(g.to_bits(), want.to_bits(), "element {i}: {g} vs (acc · s) + b = {want}");
+    }
+}

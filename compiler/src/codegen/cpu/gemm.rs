@@ -12,7 +12,7 @@
 //!   itself (in place) becomes `accumulate`. Anything else runs the GEMM into scratch, then the
 //!   epilogue expression as an elementwise pass.
 
-use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::types::{F32, I32, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_kernels::gemm::{gemm_scratch_len, packed_b_len};
 use kiln_kernels::table::KernelTable;
@@ -59,6 +59,22 @@ pub(crate) struct Fused {
     pub residual: Option<usize>,
     /// The residual is a gate (`kiln_kernels::gemm::GATED`): `(acc + bias) · act(residual)`.
     pub gated: bool,
+    /// A one-element operand multiplying the product (`acc · s`, a dequantization's run-time
+    /// `a_scale · b_scale`): the microkernel's `scale`, read when the kernel runs.
+    pub scale: Option<usize>,
+}
+
+/// Where node `t` is the accumulator, plain (`Some(None)`) or times a one-element load
+/// (`Some(Some(l))`).
+fn acc_term(e: &Expr, t: ExprId, scalar: &dyn Fn(usize) -> bool) -> Option<Option<usize>> {
+    match e.nodes[t as usize] {
+        ExprNode::Acc => Some(None),
+        ExprNode::Binary(BinaryOp::Mul, a, b) => [(a, b), (b, a)].into_iter().find_map(|(x, y)| match (&e.nodes[x as usize], &e.nodes[y as usize]) {
+            (ExprNode::Acc, ExprNode::Load(l)) if scalar(*l) => Some(Some(*l)),
+            _ => None,
+        }),
+        _ => None,
+    }
 }
 
 fn activation(op: UnaryOp) -> Option<u32> {
@@ -155,6 +171,7 @@ fn activation_of_load(e: &Expr, id: ExprId) -> Option<(u32, usize)> {
 /// export's FFN at 1x128: 1.04 ms as that pass, the same GEMM without it 0.72).
 fn match_gated(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn Fn(usize) -> DType) -> Option<Fused> {
     let kind = |l: usize| operand_kind(&k.inputs[l], m, n, dt(l));
+    let scalar = |l: usize| is_scalar(&k.inputs[l], dt(l));
     let ExprNode::Binary(BinaryOp::Mul, a, b) = e.nodes[e.root() as usize] else { return None };
     [(a, b), (b, a)].into_iter().find_map(|(lin, gate)| {
         let (act, g) = activation_of_load(e, gate)?;
@@ -163,15 +180,19 @@ fn match_gated(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn Fn(usize) -> D
         }
         let mut terms = Vec::new();
         add_terms(e, lin, &mut terms);
-        let (mut acc, mut bias) = (0, None);
+        let (mut acc, mut bias, mut scale) = (0, None, None);
         for t in terms {
+            if let Some(s) = acc_term(e, t, &scalar) {
+                acc += 1;
+                scale = s;
+                continue;
+            }
             match e.nodes[t as usize] {
-                ExprNode::Acc => acc += 1,
                 ExprNode::Load(l) if bias.is_none() && kind(l) == Operand::Bias => bias = Some(l),
                 _ => return None,
             }
         }
-        (acc == 1).then_some(Fused { bias, act, residual: Some(g), gated: true })
+        (acc == 1).then_some(Fused { bias, act, residual: Some(g), gated: true, scale })
     })
 }
 
@@ -182,22 +203,31 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
         return Some(f);
     }
     let kind = |l: usize| operand_kind(&k.inputs[l], m, n, dt(l));
-    // Splits terms into (exactly one Acc or one activation node, loads).
+    let scalar = |l: usize| is_scalar(&k.inputs[l], dt(l));
+    // Splits terms into (exactly one Acc, scaled or not, or one activation node, loads).
     let mut outer = Vec::new();
     add_terms(e, e.root(), &mut outer);
     let mut core = None;
     let mut post_loads = Vec::new();
     for &t in &outer {
+        if core.is_none() && acc_term(e, t, &scalar).is_some() {
+            core = Some(t);
+            continue;
+        }
         match &e.nodes[t as usize] {
             ExprNode::Load(l) => post_loads.push(*l),
-            ExprNode::Acc | ExprNode::Unary(..) if core.is_none() => core = Some(t),
+            ExprNode::Unary(..) if core.is_none() => core = Some(t),
             ExprNode::Binary(BinaryOp::Min, ..) if core.is_none() && relu6_of(e, t).is_some() => core = Some(t),
             _ => return None,
         }
     }
     let core = core?;
+    let mut scale = None;
     let (act, inner_root) = match &e.nodes[core as usize] {
-        ExprNode::Acc => (0, None),
+        _ if acc_term(e, core, &scalar).is_some() => {
+            scale = acc_term(e, core, &scalar).flatten();
+            (0, None)
+        }
         ExprNode::Unary(op, x) => (activation(*op)?, Some(*x)),
         ExprNode::Binary(..) => (kiln_kernels::math::Activation::Relu6 as u32, Some(relu6_of(e, core)?)),
         _ => return None,
@@ -224,8 +254,12 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
             add_terms(e, x, &mut inner);
             let mut acc = 0;
             for &t in &inner {
+                if let Some(s) = acc_term(e, t, &scalar) {
+                    acc += 1;
+                    scale = s;
+                    continue;
+                }
                 match &e.nodes[t as usize] {
-                    ExprNode::Acc => acc += 1,
                     ExprNode::Load(l) => place(*l, false, true)?,
                     _ => return None,
                 }
@@ -238,7 +272,12 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
             }
         }
     }
-    Some(Fused { bias, act, residual, gated: false })
+    Some(Fused { bias, act, residual, gated: false, scale })
+}
+
+/// A view of one f32 broadcast everywhere (every stride 0).
+fn is_scalar(t: &BufferView, dt: DType) -> bool {
+    dt == DType::F32 && t.strides.iter().all(|&s| s == 0)
 }
 
 fn strides2(t: &BufferView) -> (usize, usize) {
@@ -310,8 +349,9 @@ pub(crate) fn emit_gemm(
     let c_direct = out_dt == DType::F32 && (oj == 1 || n == 1) && (m == 1 || oi >= n);
     let ldc = if m == 1 { n } else { oi };
     let fused = match epilogue {
-        None => Some(Fused { bias: None, act: 0, residual: None, gated: false }),
-        Some(e) => match_epilogue(e, k, m, n, &|l| dts[l]),
+        None => Some(Fused { bias: None, act: 0, residual: None, gated: false, scale: None }),
+        // A run-time scale takes the microkernel's `scale`, which alpha otherwise holds.
+        Some(e) => match_epilogue(e, k, m, n, &|l| dts[l]).filter(|f| f.scale.is_none() || alpha == 1.0),
     };
     // A residual stored over the output (the planner's in-place reuse) is added by
     // accumulating into C; any other overlap with C takes the unfused path.
@@ -367,7 +407,13 @@ pub(crate) fn emit_gemm(
     fx.b.ins().store(mf(), rs, epi, 16);
     let act = fx.b.ins().iconst(I32, fused.map_or(0, |f| f.act | if f.gated { kiln_kernels::gemm::GATED } else { 0 }) as i64);
     fx.b.ins().store(mf(), act, epi, 24);
-    let sc = fx.b.ins().f32const(alpha);
+    let sc = match fused.and_then(|f| f.scale) {
+        Some(l) => {
+            let at = fx.view_base(&k.inputs[l]);
+            fx.b.ins().load(F32, mf(), at, 0)
+        }
+        None => fx.b.ins().f32const(alpha),
+    };
     fx.b.ins().store(mf(), sc, epi, 28);
 
     // Per-batch pointers: A, B, out, then every epilogue operand.
