@@ -695,13 +695,25 @@ fn tiny_encoder_matches_a_direct_implementation() {
     assert_close(&out[0], &[2, 3, hidden], &want);
 }
 
+/// A graph without weights run on the reference interpreter and on the CPU backend (its
+/// default options), bucket 1×1: (reference outputs, CPU outputs).
+fn reference_and_cpu(g: &Graph, input: HostTensor) -> (Vec<HostTensor>, Vec<HostTensor>) {
+    use kiln_compiler::backends::cpu::CpuBackend;
+    let reference = interpret(g, &[], std::slice::from_ref(&input), B11).unwrap();
+    let be = CpuBackend::new().unwrap();
+    let w = be.upload(&[], g).unwrap();
+    let mut plan = be.lower(&w, g, B11).unwrap();
+    let mut cpu = Outputs::for_bucket(g, B11);
+    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    (reference, cpu.tensors)
+}
+
 /// Floor, Ceil and Round (ties to even, as ONNX says) against Rust's own f64 functions, bit for
 /// bit, on the reference interpreter and the CPU backend (vector lanes and the scalar tail;
 /// its Round is the `nearest` instruction): halves, the sign of zero (ceil(-0.5) = round(-0.4)
 /// = -0), NaN, infinities, denormals and values past 2^23 where every f32 is an integer.
 #[test]
 fn rounding_ops_match_std() {
-    use kiln_compiler::backends::cpu::CpuBackend;
     use UnaryOp::*;
     let xs: [f32; 22] = [
         -2.5, -1.5, -0.5, -0.4, -0.0, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 2.7, -2.7, -3.0, 3.0, 8388607.5, 8388609.0, -8388607.5,
@@ -710,15 +722,9 @@ fn rounding_ops_match_std() {
     type Std = fn(f64) -> f64;
     let std_fns: [(UnaryOp, Std); 3] = [(Floor, f64::floor), (Ceil, f64::ceil), (Round, f64::round_ties_even)];
     let g = graph_of(&[&[xs.len()]], |g, x| std_fns.iter().map(|&(op, _)| g.unary(op, x[0]).unwrap()).collect());
-    let input = f32t(&[xs.len()], &xs);
-    let out = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
-    let be = CpuBackend::new().unwrap();
-    let w = be.upload(&[], &g).unwrap();
-    let mut plan = be.lower(&w, &g, B11).unwrap();
-    let mut cpu = Outputs::for_bucket(&g, B11);
-    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    let (out, cpu) = reference_and_cpu(&g, f32t(&[xs.len()], &xs));
     for (k, (op, f)) in std_fns.iter().enumerate() {
-        for (who, res) in [("reference", &out[k]), ("cpu", &cpu.tensors[k])] {
+        for (who, res) in [("reference", &out[k]), ("cpu", &cpu[k])] {
             let got = res.data.to_f64_vec();
             for (i, &x) in xs.iter().enumerate() {
                 let want = f(x as f64);
@@ -736,7 +742,6 @@ fn rounding_ops_match_std() {
 /// the constant on either side.
 #[test]
 fn clamps_against_constants_match_the_reference() {
-    use kiln_compiler::backends::cpu::CpuBackend;
     use kiln_runtime::graph::BinaryOp::{self, Max, Min};
     let xs: [f32; 23] = [
         f32::NAN, -0.0, 0.0, 6.0, -3.0, 5.9, 6.1, -3.1, -2.9, 0.5, -2.5, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-40, 127.0, -128.0, 300.0,
@@ -770,15 +775,9 @@ fn clamps_against_constants_match_the_reference() {
             })
             .collect()
     });
-    let input = f32t(&[xs.len()], &xs);
-    let want = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
-    let be = CpuBackend::new().unwrap();
-    let w = be.upload(&[], &g).unwrap();
-    let mut plan = be.lower(&w, &g, B11).unwrap();
-    let mut cpu = Outputs::for_bucket(&g, B11);
-    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    let (want, cpu) = reference_and_cpu(&g, f32t(&[xs.len()], &xs));
     for (k, &(op, c, first)) in cases.iter().enumerate() {
-        let (got, want) = (cpu.tensors[k].to_f32_vec(), want[k].to_f32_vec());
+        let (got, want) = (cpu[k].to_f32_vec(), want[k].to_f32_vec());
         for (i, &x) in xs.iter().enumerate() {
             let same = if want[i].is_nan() { got[i].is_nan() } else { got[i].to_bits() == want[i].to_bits() };
             assert!(same, "{op:?}({}) = {}, want {}", if first { format!("{c}, {x}") } else { format!("{x}, {c}") }, got[i], want[i]);
@@ -791,7 +790,6 @@ fn clamps_against_constants_match_the_reference() {
 /// ±0; NaN past 2^22.
 #[test]
 fn sin_cos_match_std() {
-    use kiln_compiler::backends::cpu::CpuBackend;
     use UnaryOp::*;
     let mut xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 32.768).collect();
     for k in -40..40 {
@@ -800,15 +798,9 @@ fn sin_cos_match_std() {
     }
     xs.extend([0.0, -0.0, 1e-30, -1e-30, 0.5, -3.0, 65536.0, -65536.0, 5e6, -5e6]);
     let g = graph_of(&[&[xs.len()]], |g, x| [Sin, Cos].iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
-    let input = f32t(&[xs.len()], &xs);
-    let reference = interpret(&g, &[], std::slice::from_ref(&input), B11).unwrap();
-    let be = CpuBackend::new().unwrap();
-    let w = be.upload(&[], &g).unwrap();
-    let mut plan = be.lower(&w, &g, B11).unwrap();
-    let mut cpu = Outputs::for_bucket(&g, B11);
-    be.run(&mut plan, &Batch { tensors: vec![input] }, &mut cpu).unwrap();
+    let (reference, cpu) = reference_and_cpu(&g, f32t(&[xs.len()], &xs));
     for (k, f) in [f64::sin as fn(f64) -> f64, f64::cos].into_iter().enumerate() {
-        for (who, out, tol) in [("reference", &reference[k], 3e-7), ("cpu", &cpu.tensors[k], 2e-6)] {
+        for (who, out, tol) in [("reference", &reference[k], 3e-7), ("cpu", &cpu[k], 2e-6)] {
             let got = out.data.to_f64_vec();
             for (i, &x) in xs.iter().enumerate() {
                 let want = f(x as f64);
