@@ -583,7 +583,8 @@ impl Importer<'_> {
         let zp = self.un(name, UnaryOp::Round, zc)?;
         // onnxruntime clamps the quotient to [-zero, 255 - zero] before rounding; for the
         // integer zero point that is ONNX's saturate(round(v) + zero) to [0, 255], whose bounds
-        // are constants (a compare and a blend each on the CPU, not a NaN-exact max).
+        // are constants: a compare and a blend each on the CPU, where bounds computed at run
+        // time take Cranelift's seven-instruction `fmax` / `fmin`.
         let v = self.f32_op(name, BinaryOp::Div, x, scale)?;
         let r = self.un(name, UnaryOp::Round, v)?;
         let y = self.bin(name, BinaryOp::Add, r, zp)?;
