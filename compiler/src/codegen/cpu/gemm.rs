@@ -77,6 +77,22 @@ fn acc_term(e: &Expr, t: ExprId, scalar: &dyn Fn(usize) -> bool) -> Option<Optio
     }
 }
 
+/// The add terms of node `id` as exactly one accumulator term (plain or scaled: its scale
+/// operand) plus loads; `None` where any other term or a second accumulator appears.
+fn acc_plus_loads(e: &Expr, id: ExprId, scalar: &dyn Fn(usize) -> bool) -> Option<(Option<usize>, Vec<usize>)> {
+    let mut terms = Vec::new();
+    add_terms(e, id, &mut terms);
+    let (mut acc, mut loads) = (None, Vec::new());
+    for t in terms {
+        match (acc_term(e, t, scalar), &e.nodes[t as usize]) {
+            (Some(s), _) if acc.is_none() => acc = Some(s),
+            (None, ExprNode::Load(l)) => loads.push(*l),
+            _ => return None,
+        }
+    }
+    Some((acc?, loads))
+}
+
 fn activation(op: UnaryOp) -> Option<u32> {
     use kiln_kernels::math::Activation;
     Some(match op {
@@ -178,21 +194,13 @@ fn match_gated(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn Fn(usize) -> D
         if kind(g) != Operand::Full {
             return None;
         }
-        let mut terms = Vec::new();
-        add_terms(e, lin, &mut terms);
-        let (mut acc, mut bias, mut scale) = (0, None, None);
-        for t in terms {
-            if let Some(s) = acc_term(e, t, &scalar) {
-                acc += 1;
-                scale = s;
-                continue;
-            }
-            match e.nodes[t as usize] {
-                ExprNode::Load(l) if bias.is_none() && kind(l) == Operand::Bias => bias = Some(l),
-                _ => return None,
-            }
-        }
-        (acc == 1).then_some(Fused { bias, act, residual: Some(g), gated: true, scale })
+        let (scale, loads) = acc_plus_loads(e, lin, &scalar)?;
+        let bias = match loads[..] {
+            [] => None,
+            [l] if kind(l) == Operand::Bias => Some(l),
+            _ => return None,
+        };
+        Some(Fused { bias, act, residual: Some(g), gated: true, scale })
     })
 }
 
@@ -208,11 +216,15 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
     let mut outer = Vec::new();
     add_terms(e, e.root(), &mut outer);
     let mut core = None;
+    // The core's scale operand where the core is the accumulator itself.
+    let mut core_acc = None;
     let mut post_loads = Vec::new();
     for &t in &outer {
-        if core.is_none() && acc_term(e, t, &scalar).is_some() {
-            core = Some(t);
-            continue;
+        if core.is_none() {
+            if let Some(s) = acc_term(e, t, &scalar) {
+                (core, core_acc) = (Some(t), Some(s));
+                continue;
+            }
         }
         match &e.nodes[t as usize] {
             ExprNode::Load(l) => post_loads.push(*l),
@@ -222,12 +234,9 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
         }
     }
     let core = core?;
-    let mut scale = None;
+    let mut scale = core_acc.flatten();
     let (act, inner_root) = match &e.nodes[core as usize] {
-        _ if acc_term(e, core, &scalar).is_some() => {
-            scale = acc_term(e, core, &scalar).flatten();
-            (0, None)
-        }
+        _ if core_acc.is_some() => (0, None),
         ExprNode::Unary(op, x) => (activation(*op)?, Some(*x)),
         ExprNode::Binary(..) => (kiln_kernels::math::Activation::Relu6 as u32, Some(relu6_of(e, core)?)),
         _ => return None,
@@ -250,22 +259,10 @@ pub(crate) fn match_epilogue(e: &Expr, k: &Kernel, m: usize, n: usize, dt: &dyn 
             }
         }
         Some(x) => {
-            let mut inner = Vec::new();
-            add_terms(e, x, &mut inner);
-            let mut acc = 0;
-            for &t in &inner {
-                if let Some(s) = acc_term(e, t, &scalar) {
-                    acc += 1;
-                    scale = s;
-                    continue;
-                }
-                match &e.nodes[t as usize] {
-                    ExprNode::Load(l) => place(*l, false, true)?,
-                    _ => return None,
-                }
-            }
-            if acc != 1 {
-                return None;
+            let (s, loads) = acc_plus_loads(e, x, &scalar)?;
+            scale = s;
+            for l in loads {
+                place(l, false, true)?;
             }
             for &l in &post_loads {
                 place(l, true, false)?;
