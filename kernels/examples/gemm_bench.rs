@@ -204,6 +204,8 @@ fn main() {
         (1024, 384, 1536),
     ];
     let pool2 = ThreadPool::new(2);
+    // The integer section's runners hold their pool for the program's life.
+    let pool_i16: &'static ThreadPool = Box::leak(Box::new(ThreadPool::new(2)));
     println!();
     println!("GEMM C[m×n] = A[m×k]·B[k×n] (B packed once), best of interleaved runs:");
     println!(
@@ -322,6 +324,54 @@ fn main() {
         let t = best_of(min_time, &mut [&mut by_panels, &mut by_rows]);
         let pc = |t: f64| 100.0 * flops / t / 1e9 / peak2;
         println!("{:>20} {:>11.1}% {:>11.1}%", format!("{m}×{k}·{k}×{n}"), pc(t[0]), pc(t[1]));
+    }
+
+    // The integer GEMM (quantized models' MatMulInteger): the same shapes over integers in
+    // [-255, 255] × [-128, 127] against the f32 GEMM of the same values, 1 and 2 threads (the
+    // i16 tile with VNNI where the machine has it, and without: `vpmaddwd` + `vpaddd`); GOP/s
+    // counts a multiply and an add per product, as GFLOP/s does.
+    println!();
+    println!("integer GEMM (i16 pairs, exact), best of interleaved runs, GOP/s and × the f32 GEMM:");
+    println!(
+        "{:>20} {:>8} {:>8} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6}",
+        "m×k·k×n", "1T f32", "1T i16", "×", "2T f32", "2T i16", "×", "2T madd", "×"
+    );
+    for &(m, k, n) in shapes {
+        let ints = |len: usize, seed: u64, r: f32| rand_vec(len, seed).iter().map(|x| (x * 2.0 * r).round()).collect::<Vec<f32>>();
+        let a = ints(m * k, 1, 255.0);
+        let w = ints(n * k, 2, 127.0);
+        let pb = pack_b(&w, k, n, k, true).expect("pack");
+        let mut pb16 = vec![0i16; kiln_kernels::gemm::packed_b_i16_len(k, n)];
+        kiln_kernels::gemm::pack_b_i16_into(&w, k, n, 1, k, &mut pb16).expect("pack i16");
+        let flops = 2.0 * (m * n * k) as f64;
+        let i16_runner = |vnni: bool, pool: Option<&'static ThreadPool>| {
+            let mut c = vec![0.0f32; m * n];
+            let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
+            let (a, pb16) = (&a, &pb16);
+            move || {
+                kiln_kernels::gemm::gemm_i16_variant(m, k, n, a, k, pb16, &mut c, n, false, &EpilogueRef::default(), &mut scratch, pool, isa, vnni)
+                    .expect("gemm_i16");
+                black_box(&c);
+            }
+        };
+        let (mut f1, mut v1) = (gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), None, isa, Split::Auto), i16_runner(true, None));
+        let t1 = best_of(min_time, &mut [&mut f1, &mut v1]);
+        let mut f2 = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), Some(pool_i16), isa, Split::Auto);
+        let (mut v2, mut p2) = (i16_runner(true, Some(pool_i16)), i16_runner(false, Some(pool_i16)));
+        let t2 = best_of(min_time, &mut [&mut f2, &mut v2, &mut p2]);
+        let g = |t: f64| flops / t / 1e9;
+        println!(
+            "{:>20} {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>5.2}×",
+            format!("{m}×{k}·{k}×{n}"),
+            g(t1[0]),
+            g(t1[1]),
+            t1[0] / t1[1],
+            g(t2[0]),
+            g(t2[1]),
+            t2[0] / t2[1],
+            g(t2[2]),
+            t2[0] / t2[2]
+        );
     }
 
     println!();

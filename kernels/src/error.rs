@@ -21,6 +21,8 @@ pub enum KernelError {
     ScratchTooSmall { needed: usize, got: usize },
     /// An activation code that `math::Activation` does not know.
     BadActivation(u32),
+    /// Element `index` of an operand the i16 GEMM packs is not an integer in [-32768, 32767].
+    NotInteger { what: &'static str, index: usize },
     /// Any other inconsistent argument.
     Invalid(&'static str),
 }
@@ -33,7 +35,7 @@ impl KernelError {
             KernelError::BadStride { .. } => 2,
             KernelError::ScratchTooSmall { .. } => 3,
             KernelError::BadActivation(_) => 4,
-            KernelError::Invalid(_) => 5,
+            KernelError::Invalid(_) | KernelError::NotInteger { .. } => 5,
         }
     }
 }
@@ -57,6 +59,9 @@ impl fmt::Display for KernelError {
                 write!(f, "scratch holds {got} f32, at least {needed} are needed")
             }
             KernelError::BadActivation(c) => write!(f, "unknown activation code {c}"),
+            KernelError::NotInteger { what, index } => {
+                write!(f, "{what}: element {index} is not an integer in [-32768, 32767]")
+            }
             KernelError::Invalid(msg) => write!(f, "invalid kernel argument: {msg}"),
         }
     }

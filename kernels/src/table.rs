@@ -9,6 +9,7 @@
 //! | entry | CLIF signature (SystemV) |
 //! |---|---|
 //! | `gemm_f32(table, m, n, k, a, lda, b_packed, c, ldc, accumulate, epilogue, scratch, scratch_len) -> status` | `(i64 ×13) -> i32` |
+//! | `gemm_i16(table, m, n, k, a, lda, b_packed_i16, c, ldc, accumulate, epilogue, scratch, scratch_len) -> status` | `(i64 ×13) -> i32` |
 //! | `gemm_batched_f32(table, args: *const BatchedGemmArgs) -> status` | `(i64, i64) -> i32` |
 //! | `attention_f32(table, args: *const AttentionArgs) -> status` | `(i64, i64) -> i32` |
 //! | `pack_b_f32(src, k, n, ldb, transposed, dst)` | `(i64 ×6)` |
@@ -21,7 +22,7 @@
 use crate::attention::{attention_batched_raw, AttentionArgs};
 use crate::error::KernelError;
 use crate::gemm::{
-    gemm_batched_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split,
+    gemm_batched_raw, gemm_i16_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split,
 };
 use crate::math::{map_raw, softmax_rows_raw, Activation, Unary};
 use crate::threadpool::ThreadPool;
@@ -32,7 +33,8 @@ use std::mem::offset_of;
 /// 2: `AttentionArgs::flags` (was padding) carries `ATTN_ZERO_NAN_ROWS`.
 /// 3: the GEMM epilogue's activation code 7, `Activation::Relu6`.
 /// 4: the GEMM epilogue's `GATED` bit: `(acc + bias) · act(residual)`.
-pub const KERNEL_ABI_VERSION: u32 = 4;
+/// 5: the `gemm_i16` entry (integer operands, exact sums).
+pub const KERNEL_ABI_VERSION: u32 = 5;
 
 /// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
 pub type GemmFn = unsafe extern "C" fn(
@@ -43,6 +45,23 @@ pub type GemmFn = unsafe extern "C" fn(
     *const f32,
     usize,
     *const f32,
+    *mut f32,
+    usize,
+    usize,
+    *const Epilogue,
+    *mut f32,
+    usize,
+) -> i32;
+/// `gemm_i16`: [`GemmFn`]'s arguments with B packed by [`crate::gemm::pack_b_i16_into`], see
+/// [`raw_gemm_i16`].
+pub type GemmI16Fn = unsafe extern "C" fn(
+    *const KernelTable,
+    usize,
+    usize,
+    usize,
+    *const f32,
+    usize,
+    *const i16,
     *mut f32,
     usize,
     usize,
@@ -88,6 +107,7 @@ pub struct KernelTable {
     pub relu_f32: UnaryFn,
     pub activation_f32: ActivationFn,
     pub softmax_rows_f32: SoftmaxRowsFn,
+    pub gemm_i16: GemmI16Fn,
 }
 
 // SAFETY: the table is immutable data: function pointers plus a pointer to a `Sync` pool.
@@ -100,6 +120,7 @@ impl KernelTable {
     pub const OFF_ISA: usize = offset_of!(KernelTable, isa);
     pub const OFF_POOL: usize = offset_of!(KernelTable, pool);
     pub const OFF_GEMM_F32: usize = offset_of!(KernelTable, gemm_f32);
+    pub const OFF_GEMM_I16: usize = offset_of!(KernelTable, gemm_i16);
     pub const OFF_GEMM_BATCHED_F32: usize = offset_of!(KernelTable, gemm_batched_f32);
     pub const OFF_ATTENTION_F32: usize = offset_of!(KernelTable, attention_f32);
     pub const OFF_PACK_B_F32: usize = offset_of!(KernelTable, pack_b_f32);
@@ -133,6 +154,7 @@ impl KernelTable {
             },
             pool: pool.map_or(std::ptr::null(), |p| p as *const ThreadPool),
             gemm_f32: raw_gemm_f32,
+            gemm_i16: raw_gemm_i16,
             gemm_batched_f32: raw_gemm_batched_f32,
             attention_f32: raw_attention_f32,
             pack_b_f32: raw_pack_b_f32,
@@ -222,8 +244,35 @@ pub unsafe extern "C" fn raw_gemm_f32(
             epi,
             scratch,
             scratch_len,
+            false,
         )
     })
+}
+
+/// Integer GEMM entry: as [`raw_gemm_f32`] with A's f32 values integers in [-32768, 32767]
+/// (others converted as `gemm::int16` documents), B packed by
+/// [`crate::gemm::pack_b_i16_into`], the sums exact (the caller keeps k·max|a|·max|b| < 2^31),
+/// and scratch for `gemm_i16_scratch_len(m, k, 1)` floats at least.
+///
+/// # Safety
+/// As [`raw_gemm_f32`], with `b_packed` readable for `packed_b_i16_len(k, n)` i16.
+pub unsafe extern "C" fn raw_gemm_i16(
+    table: *const KernelTable,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b_packed: *const i16,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: usize,
+    epi: *const Epilogue,
+    scratch: *mut f32,
+    scratch_len: usize,
+) -> i32 {
+    // SAFETY: caller contract, forwarded.
+    status(unsafe { gemm_entry(table, m, n, k, a, lda, b_packed.cast(), c, ldc, accumulate, epi, scratch, scratch_len, true) })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -241,6 +290,7 @@ unsafe fn gemm_entry(
     epi: *const Epilogue,
     scratch: *mut f32,
     scratch_len: usize,
+    int16: bool,
 ) -> Result<(), KernelError> {
     // SAFETY: caller contract.
     let (isa, pool) = unsafe { context(table)? };
@@ -279,7 +329,13 @@ unsafe fn gemm_entry(
         act,
     };
     // SAFETY: operand validity is the caller's contract; strides checked above.
-    unsafe { gemm_raw(&d, scratch, scratch_len, pool, isa, Split::Auto) }
+    unsafe {
+        if int16 {
+            gemm_i16_raw(&d, scratch, scratch_len, pool, isa, true)
+        } else {
+            gemm_raw(&d, scratch, scratch_len, pool, isa, Split::Auto)
+        }
+    }
 }
 
 /// Batched GEMM entry (B packed on the fly), see [`BatchedGemmArgs`].

@@ -83,6 +83,7 @@ fn documented_offsets() {
         KernelTable::OFF_RELU_F32,
         KernelTable::OFF_ACTIVATION_F32,
         KernelTable::OFF_SOFTMAX_ROWS_F32,
+        KernelTable::OFF_GEMM_I16,
     ];
     for (i, off) in entries.iter().enumerate() {
         assert_eq!(*off, 16 + 8 * i);
@@ -576,4 +577,37 @@ fn attention_through_the_table() {
         unsafe { (table.attention_f32)(&table, &small) },
         KernelError::ScratchTooSmall { needed: 0, got: 0 }.code()
     );
+}
+
+#[test]
+fn integer_gemm_through_the_table_matches_safe_api() {
+    let pool = ThreadPool::new(2);
+    for isa in isas() {
+        let table = KernelTable::with_isa(Some(&pool), isa);
+        let (m, n, k) = (37, 70, 45);
+        let mut r = Rng::new(5);
+        let a: Vec<f32> = r.vec(m * k).iter().map(|x| (x * 255.0).round()).collect();
+        let w: Vec<f32> = r.vec(n * k).iter().map(|x| (x * 127.0).round()).collect();
+        let bias = r.vec(n);
+        let mut packed = vec![0i16; kiln_kernels::gemm::packed_b_i16_len(k, n)];
+        kiln_kernels::gemm::pack_b_i16_into(&w, k, n, n, 1, &mut packed).unwrap();
+        let epi = Epilogue { bias: bias.as_ptr(), residual: std::ptr::null(), residual_stride: 0, activation: Activation::Relu as u32, scale: 0.25 };
+        let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
+        let mut c_raw = vec![0.0f32; m * n];
+        // SAFETY: all operands sized for m, n, k above.
+        let st = unsafe {
+            (table.gemm_i16)(&table, m, n, k, a.as_ptr(), k, packed.as_ptr(), c_raw.as_mut_ptr(), n, 0, &epi, scratch.as_mut_ptr(), scratch.len())
+        };
+        assert_eq!(st, 0);
+        let mut c_safe = vec![0.0f32; m * n];
+        let e = EpilogueRef { bias: Some(&bias), residual: None, activation: Activation::Relu, scale: 0.25 };
+        kiln_kernels::gemm::gemm_i16(m, k, n, &a, k, &packed, &mut c_safe, n, false, &e, &mut scratch, None, isa).unwrap();
+        assert_eq!(c_raw, c_safe, "{isa:?}");
+        // Too little scratch is a status, not a crash.
+        // SAFETY: as above, with a shorter scratch length.
+        let st = unsafe {
+            (table.gemm_i16)(&table, m, n, k, a.as_ptr(), k, packed.as_ptr(), c_raw.as_mut_ptr(), n, 0, &epi, scratch.as_mut_ptr(), 3)
+        };
+        assert_eq!(st, KernelError::ScratchTooSmall { needed: 0, got: 0 }.code());
+    }
 }

@@ -10,8 +10,10 @@ use super::*;
 pub(super) type KernelFn = unsafe fn(
     usize, *const f32, usize, *const f32, *const f32, *mut f32, usize, f32, bool, usize, usize, (usize, usize), Option<TilePost>,
 );
-/// `pack_a(a, lda, mc, kc, dst)`.
-pub(super) type PackAFn = unsafe fn(*const f32, usize, usize, usize, *mut f32);
+/// `pack_a(a, lda, mc, kc, cols, dst)`: mc rows of A into strips of kc packed slots; `cols`
+/// is how many source columns those slots cover (kc for f32; at most 2·kc for the i16 path,
+/// whose last pair is zero-padded when k is odd).
+pub(super) type PackAFn = unsafe fn(*const f32, usize, usize, usize, usize, *mut f32);
 /// `epilogue(c_tile, ldc, rows, cols, row0, col0, epi, act)`.
 pub(super) type EpilogueFn = unsafe fn(*mut f32, usize, usize, usize, usize, usize, &Epilogue, Activation);
 
@@ -34,6 +36,10 @@ pub(crate) struct Arch {
     /// The 2·MR × 2·NR tile kernel, where the ISA has one (AVX-512). Same packed layouts and, per
     /// element, the same operations in the same order as `kernel`, so results are bitwise equal.
     pub(super) wide: Option<WideFn>,
+    /// Columns of A per packed slot: 1 (f32), 2 (the i16 path: a slot is a pair of i16).
+    pub(super) slot_cols: usize,
+    /// k runs in one block (the i16 path: its integer sums are converted to f32 once).
+    pub(super) whole_k: bool,
 }
 
 impl Arch {
@@ -45,6 +51,8 @@ impl Arch {
                 pack_a: avx2::pack_a,
                 epilogue: avx2::epilogue,
                 wide: None,
+                slot_cols: 1,
+                whole_k: false,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Arch {
@@ -52,12 +60,16 @@ impl Arch {
                 pack_a: avx2::pack_a,
                 epilogue: avx512::epilogue,
                 wide: Some(avx512::wide),
+                slot_cols: 1,
+                whole_k: false,
             },
             _ => Arch {
                 kernel: scalar::kernel,
                 pack_a: scalar::pack_a,
                 epilogue: scalar::epilogue,
                 wide: None,
+                slot_cols: 1,
+                whole_k: false,
             },
         }
     }

@@ -5,7 +5,7 @@ use crate::math::avx2::tail_mask;
 use crate::math::simd;
 use std::arch::x86_64::*;
 
-const NV: usize = NR / 8;
+pub(super) const NV: usize = NR / 8;
 
 /// The 6×16 microkernel, instantiated per valid row count so a partial strip (m = 16 =
 /// 6 + 6 + 4) does only its rows' FMAs.
@@ -110,7 +110,7 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: bool>(
 /// AVX2 present; `c` writable for mr rows of nr floats at stride ldc.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn store_tile<const R: usize>(
+pub(super) unsafe fn store_tile<const R: usize>(
     acc: &[[__m256; NV]; R],
     c: *mut f32,
     ldc: usize,
@@ -233,7 +233,7 @@ unsafe fn store_row_post(
 /// AVX2 present; `a` readable for mc rows of kc floats at stride lda; `dst` writable for
 /// ceil(mc/MR)·MR·kc floats.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst: *mut f32) {
+pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, _cols: usize, dst: *mut f32) {
     let mut d = dst;
     let mut s = 0;
     while s < mc {
@@ -282,7 +282,7 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst
         } else {
             // The last, partial strip (zero rows past mr): as the portable path packs it.
             // SAFETY: rows s..s+mr < mc of kc floats; one strip of MR·kc floats at d.
-            unsafe { super::scalar::pack_a(a.add(s * lda), lda, mr, kc, d) };
+            unsafe { super::scalar::pack_a(a.add(s * lda), lda, mr, kc, kc, d) };
             d = d.wrapping_add(MR * kc);
         }
         s += MR;

@@ -198,7 +198,7 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
 /// rows of nr floats at stride ldc; `post`'s operands cover them.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn store_rows<const R: usize, const P: usize, const GELU: bool>(
+pub(super) unsafe fn store_rows<const R: usize, const P: usize, const GELU: bool>(
     acc: [[__m512; P]; R],
     c: *mut f32,
     ldc: usize,

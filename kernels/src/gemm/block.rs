@@ -82,8 +82,12 @@ pub(crate) unsafe fn gemm_block(
         return;
     }
     let alpha = d.epi.scale;
+    // The packed operands' k extent: one slot per column of A (f32), or per pair of columns
+    // (the i16 path, see `int16`).
+    let k = d.k.div_ceil(arch.slot_cols);
     // Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than 384 + 128).
-    let kc_step = d.k.div_ceil(d.k.div_ceil(KC));
+    // The i16 path runs k in one block: its exact integer sums are converted to f32 once.
+    let kc_step = if arch.whole_k { k } else { k.div_ceil(k.div_ceil(KC)) };
     // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
     // 144 + 144 + 12): no short block streams all of B for a few rows.
     let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
@@ -98,25 +102,27 @@ pub(crate) unsafe fn gemm_block(
     // Measured, attn_bench 8×128: 86.5 → 89.6 GF/s on AVX-512 (4 tiles per strip), 52.1 → 52.9
     // on AVX2 (8); at 8×512 AVX-512 98.2 → 100.4 (16) but AVX2 56.1 → 54.6 (32): hence ≤ 16.
     let tiles_per_strip = if arch.wide.is_some() { (p1 - p0).div_ceil(2) } else { p1 - p0 };
-    let direct = d.lda != PACKED && (p1 - p0 <= 2 || (d.k <= 64 && tiles_per_strip <= 16));
+    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= 2 || (d.k <= 64 && tiles_per_strip <= 16));
     let mut kc0 = 0;
-    while kc0 < d.k {
-        let kc = kc_step.min(d.k - kc0);
+    while kc0 < k {
+        let kc = kc_step.min(k - kc0);
         let beta = d.accumulate || kc0 > 0;
-        let last = kc0 + kc == d.k;
+        let last = kc0 + kc == k;
         // The last k block's tiles apply the epilogue as they store.
         let tile_post = |row0: usize, col0: usize| (last && post).then_some(TilePost { epi: &d.epi, act: d.act, row0, col0 });
         let mut mc0 = r0;
         while mc0 < r1 {
             let mc = mc_step.min(r1 - mc0);
-            // SAFETY: A rows mc0..mc0+mc < m, columns kc0..kc0+kc <= k.
-            let a_blk = unsafe { d.a.add(mc0 * d.lda + kc0) };
+            // SAFETY: A rows mc0..mc0+mc < m, columns from kc0's first one (< d.k).
+            let a_blk = unsafe { d.a.add(mc0 * d.lda + kc0 * arch.slot_cols) };
+            // The source columns of this k block (the last pair of an odd k has one).
+            let cols = (kc * arch.slot_cols).min(d.k - kc0 * arch.slot_cols);
             // How the tiles read A: row ir of the block is at a_base + ir·a_step.
             let (a_ld, a_base, a_step) = if direct {
                 (d.lda, a_blk, d.lda)
             } else {
                 // SAFETY: apack holds the packed block.
-                unsafe { (arch.pack_a)(a_blk, d.lda, mc, kc, apack) };
+                unsafe { (arch.pack_a)(a_blk, d.lda, mc, kc, cols, apack) };
                 (PACKED, apack.cast_const(), kc)
             };
             let strip = |ir: usize| a_base.wrapping_add(ir * a_step);
@@ -128,7 +134,7 @@ pub(crate) unsafe fn gemm_block(
                     let col0 = p * NR;
                     let nr = (np * NR).min(d.n - col0);
                     // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
-                    let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                    let bp = unsafe { d.b.add(p * k * NR + kc0 * NR) };
                     let mut ir = 0;
                     while ir < mc {
                         let mr = (2 * MR).min(mc - ir);
@@ -137,7 +143,7 @@ pub(crate) unsafe fn gemm_block(
                         // rows ir..ir+mr of the block (packed: the strips at ir·kc).
                         unsafe {
                             let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                            wide(kc, strip(ir), a_ld, bp, d.k * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                            wide(kc, strip(ir), a_ld, bp, k * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
                         }
                         ir += 2 * MR;
                     }
@@ -150,7 +156,7 @@ pub(crate) unsafe fn gemm_block(
                 let col0 = p * NR;
                 let nr = NR.min(d.n - col0);
                 // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
-                let bp = unsafe { d.b.add(p * d.k * NR + kc0 * NR) };
+                let bp = unsafe { d.b.add(p * k * NR + kc0 * NR) };
                 let mut ir = 0;
                 while ir < mc {
                     let mr = MR.min(mc - ir);
@@ -158,7 +164,7 @@ pub(crate) unsafe fn gemm_block(
                     // ir..ir+mr of the block (packed: the strip at ir·kc).
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        let bn = bp.wrapping_add(d.k * NR);
+                        let bn = bp.wrapping_add(k * NR);
                         let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
                         (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
                     }

@@ -63,10 +63,15 @@ mod arch;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_i16;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_i16;
 mod batched;
 mod block;
 mod epilogue;
+mod int16;
 mod pack;
 mod scalar;
 mod split;
@@ -80,7 +85,9 @@ pub(crate) use epilogue::TilePost;
 pub use epilogue::{Epilogue, EpilogueRef, GATED};
 pub(crate) use pack::{align64, apack_len, pack_b_raw};
 pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
-pub(crate) use split::gemm_raw;
+pub(crate) use int16::gemm_i16_raw;
+pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant, pack_b_i16_into, packed_b_i16_len};
+pub(crate) use split::{gemm_raw, gemm_raw_with};
 pub use split::Split;
 
 /// Validates a safe-API GEMM and builds its raw description.

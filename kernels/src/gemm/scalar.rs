@@ -38,6 +38,25 @@ pub(super) unsafe fn kernel(
             }
         }
     }
+    // SAFETY: forwarded.
+    unsafe { store(&acc, c, ldc, alpha, beta, mr, nr, post) }
+}
+
+/// C = post(alpha·acc (+ C if beta)) for the valid mr × nr part of a tile.
+///
+/// # Safety
+/// `c` writable for mr rows of nr floats at stride ldc; `post`'s operands cover them.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn store(
+    acc: &[[f32; NR]; MR],
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    post: Option<TilePost>,
+) {
     for (i, row) in acc.iter().enumerate().take(mr) {
         for (j, &v) in row.iter().enumerate().take(nr) {
             // SAFETY: i < mr, j < nr: inside the caller's C tile.
@@ -55,7 +74,7 @@ pub(super) unsafe fn kernel(
 
 /// # Safety
 /// `a` readable for mc rows of kc floats at stride lda; `dst` writable for ceil(mc/MR)·MR·kc floats.
-pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, dst: *mut f32) {
+pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, _cols: usize, dst: *mut f32) {
     let mut d = dst;
     for s in (0..mc).step_by(MR) {
         let mr = MR.min(mc - s);

@@ -27,11 +27,27 @@ pub(crate) unsafe fn gemm_raw(
     isa: Isa,
     split: Split,
 ) -> Result<(), KernelError> {
+    // SAFETY: forwarded.
+    unsafe { gemm_raw_with(d, &Arch::for_isa(isa), apack_len(d.m, d.k), scratch, scratch_len, pool, split) }
+}
+
+/// [`gemm_raw`] with the tile kernels of `arch` (f32 or i16) and `per` floats of A-packing
+/// scratch per thread.
+///
+/// # Safety
+/// As [`gemm_raw`], with `d.b` packed for `arch`.
+pub(crate) unsafe fn gemm_raw_with(
+    d: &GemmDesc,
+    arch: &Arch,
+    per: usize,
+    scratch: *mut f32,
+    scratch_len: usize,
+    pool: Option<&ThreadPool>,
+    split: Split,
+) -> Result<(), KernelError> {
     if d.m == 0 || d.n == 0 {
         return Ok(());
     }
-    let arch = Arch::for_isa(isa);
-    let per = apack_len(d.m, d.k);
     if scratch_len < per {
         return Err(KernelError::ScratchTooSmall {
             needed: per,
@@ -64,7 +80,7 @@ pub(crate) unsafe fn gemm_raw(
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         // SAFETY: task t owns scratch region t (t < tasks <= fit) and a disjoint range of rows or
         // panels of C; the operands are valid per this function's contract.
-        unsafe { gemm_block(d, r0, r1, p0, p1, apack, &arch) };
+        unsafe { gemm_block(d, r0, r1, p0, p1, apack, arch) };
     };
     match pool {
         Some(p) if tasks > 1 => p.run(tasks, &body),

@@ -1,0 +1,152 @@
+//! AVX2 pieces of the i16 GEMM (see `int16`): the 6×16 tile over i16 pairs and the A packing
+//! that converts f32 to them. `Arch::for_isa_i16` hands them out only after runtime detection.
+
+use super::avx2::{store_tile, NV};
+use super::int16::{slot, to_i16};
+use super::*;
+use std::arch::x86_64::*;
+
+/// The tile kernel: with AVX-VNNI (`vpdpwssd`) where `vnni`, else `vpmaddwd` + `vpaddd` (the
+/// same i32 sums).
+pub(super) fn kernel_for(vnni: bool) -> arch::KernelFn {
+    if vnni {
+        kernel_vnni
+    } else {
+        kernel_plain
+    }
+}
+
+macro_rules! tile_entry {
+    ($name:ident, $feat:literal, $vnni:literal) => {
+        /// # Safety
+        /// The CPU has the enabled features; `a` holds kc·MR slots (packed), `b` kc·NR slots;
+        /// `c` writable for mr ≤ MR rows of nr ≤ NR floats at stride ldc.
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            kc: usize,
+            a: *const f32,
+            _a_ld: usize,
+            b: *const f32,
+            b_next: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            alpha: f32,
+            beta: bool,
+            mr: usize,
+            nr: usize,
+            pf: (usize, usize),
+            post: Option<TilePost>,
+        ) {
+            // One instance per row count, as the f32 tile (`avx2::kernel`).
+            // SAFETY (each arm): forwarded.
+            unsafe {
+                match mr {
+                    1 => tile::<1, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                    2 => tile::<2, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                    3 => tile::<3, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                    4 => tile::<4, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                    5 => tile::<5, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                    _ => tile::<MR, $vnni>(kc, a, b, b_next, c, ldc, alpha, beta, mr, nr, pf, post),
+                }
+            }
+        }
+    };
+}
+tile_entry!(kernel_plain, "avx2,fma", false);
+tile_entry!(kernel_vnni, "avx2,fma,avxvnni", true);
+
+/// R ≤ MR rows × 16 columns: per k pair 2 loads of B, R broadcasts of A's slots, 2·R
+/// multiply-adds of pairs into i32 accumulators; then i32 → f32 and the f32 tile's store.
+///
+/// # Safety
+/// See `kernel_plain`; inlined into an entry with the instructions it uses enabled.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize, const VNNI: bool>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    b_next: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    pf: (usize, usize),
+    post: Option<TilePost>,
+) {
+    let (a, b) = (a.cast::<i32>(), b.cast::<i32>());
+    // SAFETY: AVX2 enabled by the entry; kc steps of MR (A) and NR (B) slots stay inside the
+    // packed operands.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); NV]; R];
+        for q in 0..kc {
+            if q >= pf.0 && q < pf.1 {
+                // Hint only: the next panel's same k step.
+                _mm_prefetch::<_MM_HINT_T0>(b_next.wrapping_add(q * NR).cast());
+            }
+            let bp = b.add(q * NR);
+            let bv: [__m256i; NV] = std::array::from_fn(|v| _mm256_loadu_si256(bp.add(v * 8).cast()));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_epi32(*a.add(q * MR + i));
+                for v in 0..NV {
+                    row[v] = if VNNI {
+                        _mm256_dpwssd_avx_epi32(row[v], av, bv[v])
+                    } else {
+                        _mm256_add_epi32(row[v], _mm256_madd_epi16(av, bv[v]))
+                    };
+                }
+            }
+        }
+        let accf = acc.map(|row| row.map(|x| _mm256_cvtepi32_ps(x)));
+        store_tile(&accf, c, ldc, alpha, beta, mr, nr, post)
+    }
+}
+
+/// Packs mc rows × `cols` columns of f32 A into MR-row strips of kc slots, as
+/// `int16::pack_a` (the same values: `cvtps2dq` rounds to nearest even and gives i32::MIN for
+/// NaN and out-of-range values, `packssdw` saturates), 8 columns of a row at a time.
+///
+/// # Safety
+/// AVX2 present; as `int16::pack_a`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, cols: usize, dst: *mut f32) {
+    let d = dst.cast::<i32>();
+    for (si, s) in (0..mc).step_by(MR).enumerate() {
+        let mr = MR.min(mc - s);
+        // SAFETY: strip si's kc·MR slots are inside dst.
+        let sd = unsafe { d.add(si * MR * kc) };
+        for i in 0..MR {
+            let mut q = 0;
+            if i < mr {
+                // SAFETY: row s + i < mc; columns 2q..2q+8 < cols read; slots q..q+4 < kc of
+                // row i written.
+                unsafe {
+                    let row = a.add((s + i) * lda);
+                    while 2 * q + 8 <= cols {
+                        let v = _mm256_cvtps_epi32(_mm256_loadu_ps(row.add(2 * q)));
+                        // Per 128-bit lane: the lane's four i16 twice; 64-bit chunks 0 and 2
+                        // are columns 0..4 and 4..8.
+                        let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(v, v));
+                        let x = _mm256_castsi256_si128(p);
+                        *sd.add(q * MR + i) = _mm_cvtsi128_si32(x);
+                        *sd.add((q + 1) * MR + i) = _mm_extract_epi32::<1>(x);
+                        *sd.add((q + 2) * MR + i) = _mm_extract_epi32::<2>(x);
+                        *sd.add((q + 3) * MR + i) = _mm_extract_epi32::<3>(x);
+                        q += 4;
+                    }
+                }
+            }
+            while q < kc {
+                // SAFETY: as above; columns read only below `cols` of a row < mc.
+                unsafe {
+                    let at = |p: usize| if i < mr && p < cols { to_i16(*a.add((s + i) * lda + p)) } else { 0 };
+                    *sd.add(q * MR + i) = slot(at(2 * q), at(2 * q + 1));
+                }
+                q += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The integer GEMM: `C[m×n] = epilogue(scale·A·B (+ C))` where A and B hold integers in
+//! [-32768, 32767] (a quantized model's `(a - a_zero)·(b - b_zero)`), summed exactly in i32 and
+//! converted to f32 once, before the same store and epilogue as the f32 GEMM.
+//!
+//! - **Why i16 pairs**: `vpmaddwd` (AVX2, AVX-512BW) multiplies 16-bit pairs and adds each pair
+//!   into an i32 lane, two multiply-adds per lane per instruction, twice the f32 FMA's; with
+//!   VNNI (`vpdpwssd`, AVX512-VNNI or AVX-VNNI) the add into the accumulator is the same
+//!   instruction. A dynamically quantized activation minus its zero point spans [-255, 255],
+//!   which u8×s8 (`vpdpbusd`, four per lane) cannot hold without a compensation term; the
+//!   pairs hold it as is, and asymmetric (uint8) weights too.
+//! - **Exact**: every product and partial sum is an exact i32 (the caller keeps
+//!   k·max|a|·max|b| < 2^31), so the result is the same on every ISA, every tile and every
+//!   split across threads, and it is the exact integer rounded once to f32 — where the f32 GEMM
+//!   of the same integers rounds each partial sum past 2^24.
+//! - **Layouts**: the f32 GEMM's, with a 4-byte slot holding two i16 (k steps 2q and 2q+1, the
+//!   lower one in the low half) in place of one f32, so the blocking, threading and epilogue
+//!   code are the f32 GEMM's own (`block`, `split`; `Arch::slot_cols` = 2). Packed B: panels of
+//!   [`NR`] columns, `ceil(k/2)` slots per column, k-pair-major; packed A: [`MR`]-row strips of
+//!   slots, converted from f32 as they are packed (round to nearest, NaN to -32768, as
+//!   `cvtps2dq` + `packssdw` do). k runs in one block (`Arch::whole_k`): C is written once,
+//!   from the exact sum.
+
+use super::*;
+
+/// i16 elements a packed B of `k`×`n` occupies: `ceil(n/NR)·NR·2·ceil(k/2)`.
+pub fn packed_b_i16_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * NR * 2 * k.div_ceil(2)
+}
+
+/// Floats of A-packing scratch one thread of the i16 GEMM needs for an m×k A (one k block).
+pub(crate) fn apack_len_i16(m: usize, k: usize) -> usize {
+    if k == 0 || m == 0 {
+        return 0;
+    }
+    m.min(MC).div_ceil(MR) * MR * k.div_ceil(2) + ALIGN_SLACK
+}
+
+/// Scratch floats [`gemm_i16`] needs on `threads` threads (with less it runs on as many as fit).
+pub fn gemm_i16_scratch_len(m: usize, k: usize, threads: usize) -> usize {
+    threads.max(1) * apack_len_i16(m, k)
+}
+
+/// An integer in [-32768, 32767] held in f32, or `None`.
+#[inline]
+pub fn as_i16(x: f32) -> Option<i16> {
+    (x == x.trunc() && (-32768.0..=32767.0).contains(&x)).then_some(x as i16)
+}
+
+/// Packs B for [`gemm_i16`]: B(p, j) = `b[p·row_stride + j·col_stride]` for p < k, j < n, each an
+/// integer in [-32768, 32767] (else [`KernelError::NotInteger`] naming the element's index in
+/// `b`). `dst`: at least [`packed_b_i16_len`]`(k, n)` elements; padding is zero.
+pub fn pack_b_i16_into(
+    b: &[f32],
+    k: usize,
+    n: usize,
+    row_stride: usize,
+    col_stride: usize,
+    dst: &mut [i16],
+) -> Result<(), KernelError> {
+    check_len("packed b", dst.len(), packed_b_i16_len(k, n))?;
+    if k == 0 || n == 0 {
+        return Ok(());
+    }
+    let last = (k - 1)
+        .checked_mul(row_stride)
+        .and_then(|r| (n - 1).checked_mul(col_stride).and_then(|c| r.checked_add(c)))
+        .ok_or(KernelError::Invalid("packed b view overflows"))?;
+    check_len("b", b.len(), last + 1)?;
+    let pairs = k.div_ceil(2);
+    for pan in 0..n.div_ceil(NR) {
+        let panel = &mut dst[pan * pairs * NR * 2..(pan + 1) * pairs * NR * 2];
+        for jj in 0..NR {
+            let j = pan * NR + jj;
+            for p in 0..pairs * 2 {
+                let v = if j < n && p < k {
+                    let at = p * row_stride + j * col_stride;
+                    as_i16(b[at]).ok_or(KernelError::NotInteger { what: "b", index: at })?
+                } else {
+                    0
+                };
+                panel[(p / 2) * NR * 2 + jj * 2 + p % 2] = v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `x` as the packed A holds it: nearest integer (ties to even), saturated to i16, NaN and
+/// |x| ≥ 2^31 to -32768 (what `cvtps2dq` then `packssdw` give, so every path packs the same).
+#[inline]
+pub(super) fn to_i16(x: f32) -> i16 {
+    if x.is_nan() || x.abs() >= 2147483648.0 {
+        return i16::MIN;
+    }
+    x.round_ties_even().clamp(-32768.0, 32767.0) as i16
+}
+
+/// One slot: the i16 pair (lo, hi) as one 32-bit lane.
+#[inline]
+pub(super) fn slot(lo: i16, hi: i16) -> i32 {
+    (lo as u16 as u32 | ((hi as u16 as u32) << 16)) as i32
+}
+
+/// Packs mc rows × `cols` columns of f32 A into MR-row strips of kc slots (kc ≥ cols/2),
+/// converted by [`to_i16`], zero-padded rows and columns.
+///
+/// # Safety
+/// `a` readable for mc rows of `cols` floats at stride lda; `dst` writable for
+/// ceil(mc/MR)·MR·kc slots.
+pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, cols: usize, dst: *mut f32) {
+    let d = dst.cast::<i32>();
+    for (si, s) in (0..mc).step_by(MR).enumerate() {
+        let mr = MR.min(mc - s);
+        for q in 0..kc {
+            for i in 0..MR {
+                // SAFETY: row s + i < mc, columns 2q, 2q+1 read only below `cols`; the slot
+                // lies in strip si.
+                unsafe {
+                    let at = |p: usize| if i < mr && p < cols { to_i16(*a.add((s + i) * lda + p)) } else { 0 };
+                    *d.add(si * MR * kc + q * MR + i) = slot(at(2 * q), at(2 * q + 1));
+                }
+            }
+        }
+    }
+}
+
+/// The portable i16 tile (`arch::KernelFn`, A packed): exact i32 sums, then the f32 tile's store.
+///
+/// # Safety
+/// `a` holds kc·MR slots, `b` kc·NR slots; `c` writable for mr rows of nr floats at stride ldc.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel(
+    kc: usize,
+    a: *const f32,
+    _a_ld: usize,
+    b: *const f32,
+    _b_next: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    _pf: (usize, usize),
+    post: Option<TilePost>,
+) {
+    let (a, b) = (a.cast::<i32>(), b.cast::<i32>());
+    let mut acc = [[0i32; NR]; MR];
+    let pair = |s: i32| (s as i16 as i32, (s >> 16) as i16 as i32);
+    for q in 0..kc {
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: q < kc: inside the packed strip and panel.
+            let (a0, a1) = pair(unsafe { *a.add(q * MR + i) });
+            for (j, r) in row.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let (b0, b1) = pair(unsafe { *b.add(q * NR + j) });
+                // The vector paths' vpmaddwd: the pair's products added, then accumulated
+                // (wrapping as they do; the caller's bound keeps every sum exact).
+                *r = r.wrapping_add((a0 * b0).wrapping_add(a1 * b1));
+            }
+        }
+    }
+    let accf = acc.map(|row| row.map(|v| v as f32));
+    // SAFETY: forwarded.
+    unsafe { scalar::store(&accf, c, ldc, alpha, beta, mr, nr, post) }
+}
+
+impl Arch {
+    /// The i16 GEMM's kernels for `isa`: AVX-512BW's 12×32 tile (with VNNI where present and
+    /// `vnni`), the AVX2 6×16 tile (with AVX-VNNI where present and `vnni`), or the portable one.
+    pub(crate) fn for_isa_i16(isa: Isa, vnni: bool) -> Arch {
+        let portable = Arch {
+            kernel,
+            pack_a,
+            epilogue: scalar::epilogue,
+            wide: None,
+            slot_cols: 2,
+            whole_k: true,
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Probed here, not in `kiln_format::features`: only this dispatch uses them (the
+            // generated code never does), and std caches the answers.
+            macro_rules! has {
+                ($f:tt) => {
+                    std::arch::is_x86_feature_detected!($f)
+                };
+            }
+            let f32_arch = Arch::for_isa(isa);
+            match effective_isa(isa) {
+                Isa::Avx512 if has!("avx512bw") => Arch {
+                    kernel: avx2_i16::kernel_for(vnni && has!("avxvnni")),
+                    pack_a: avx2_i16::pack_a,
+                    wide: Some(avx512_i16::wide_for(vnni && has!("avx512vnni"))),
+                    ..f32_arch
+                }
+                .i16(),
+                Isa::Avx512 | Isa::Avx2Fma => Arch {
+                    kernel: avx2_i16::kernel_for(vnni && has!("avxvnni")),
+                    pack_a: avx2_i16::pack_a,
+                    wide: None,
+                    epilogue: Arch::for_isa(Isa::Avx2Fma).epilogue,
+                    ..f32_arch
+                }
+                .i16(),
+                Isa::Scalar => portable,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, vnni);
+            portable
+        }
+    }
+
+    fn i16(self) -> Arch {
+        Arch { slot_cols: 2, whole_k: true, ..self }
+    }
+}
+
+/// `C[m×n] = epilogue(scale·A·B (+ C))` over integers: `a` m rows of k f32 integers at stride
+/// `lda`, `b_packed` from [`pack_b_i16_into`]; `scratch` at least
+/// [`gemm_i16_scratch_len`]`(m, k, 1)` floats. The caller keeps k·max|a|·max|b| < 2^31 (the sums
+/// exact) and every A value an integer in [-32768, 32767]; others are converted as the module
+/// docs say.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i16(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[i16],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
+    gemm_i16_variant(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi, scratch, pool, isa, true)
+}
+
+/// [`gemm_i16`] with the VNNI instructions left unused where `vnni` is false (tests and
+/// benchmarks of the other tiles on a VNNI machine).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i16_variant(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b_packed: &[i16],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    epi: &EpilogueRef<'_>,
+    scratch: &mut [f32],
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+    vnni: bool,
+) -> Result<(), KernelError> {
+    check_len("a", a.len(), span("a", m, k, lda)?)?;
+    check_len("packed b", b_packed.len(), packed_b_i16_len(k, n))?;
+    check_len("c", c.len(), span("c", m, n, ldc)?)?;
+    let d = GemmDesc {
+        m,
+        n,
+        k,
+        a: a.as_ptr(),
+        lda,
+        b: b_packed.as_ptr().cast(),
+        c: c.as_mut_ptr(),
+        ldc,
+        accumulate,
+        epi: epi.to_raw(m, n)?,
+        act: epi.activation,
+    };
+    // SAFETY: every operand extent checked above; scratch is a distinct &mut borrow.
+    unsafe { gemm_i16_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, vnni) }
+}
+
+/// Raw i16 GEMM (`d.b` packed by [`pack_b_i16_into`], `d.k` A's columns); VNNI used where
+/// present unless `vnni` is false.
+///
+/// # Safety
+/// As [`gemm_raw`], with B packed for the i16 path.
+pub(crate) unsafe fn gemm_i16_raw(
+    d: &GemmDesc,
+    scratch: *mut f32,
+    scratch_len: usize,
+    pool: Option<&ThreadPool>,
+    isa: Isa,
+    vnni: bool,
+) -> Result<(), KernelError> {
+    // SAFETY: forwarded.
+    unsafe { gemm_raw_with(d, &Arch::for_isa_i16(isa, vnni), apack_len_i16(d.m, d.k), scratch, scratch_len, pool, Split::Auto) }
+}

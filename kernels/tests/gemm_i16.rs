@@ -1,0 +1,132 @@
+//! The i16 GEMM: exact integer sums on every ISA path and thread count, against an i64
+//! reference, and bitwise the f32 GEMM's results wherever that one is exact too.
+
+mod common;
+
+use common::*;
+use kiln_kernels::gemm::{
+    gemm_i16_scratch_len, gemm_i16_variant, gemm_prepacked, gemm_scratch_len, pack_b_i16_into, pack_b_into, packed_b_i16_len,
+    packed_b_len, EpilogueRef, MC, MR, NR,
+};
+use kiln_kernels::math::Activation;
+use kiln_kernels::threadpool::ThreadPool;
+use kiln_kernels::{Isa, KernelError};
+
+/// Integers in [lo, hi] as f32.
+fn ints(rng: &mut Rng, n: usize, lo: i32, hi: i32) -> Vec<f32> {
+    (0..n).map(|_| (lo + rng.below((hi - lo + 1) as usize) as i32) as f32).collect()
+}
+
+/// B `[k, n]` (row stride n) packed for the i16 GEMM.
+fn pack16(b: &[f32], k: usize, n: usize) -> Vec<i16> {
+    let mut p = vec![0i16; packed_b_i16_len(k, n)];
+    pack_b_i16_into(b, k, n, n, 1, &mut p).unwrap();
+    p
+}
+
+/// The i16 GEMM on `isa`, with and without VNNI (the two must agree: `c` of both, checked
+/// equal bit for bit here).
+#[allow(clippy::too_many_arguments)]
+fn run16(m: usize, k: usize, n: usize, a: &[f32], lda: usize, bp: &[i16], epi: &EpilogueRef<'_>, pool: Option<&ThreadPool>, isa: Isa) -> Vec<f32> {
+    let threads = pool.map_or(1, |p| p.threads());
+    let mut scratch = vec![0f32; gemm_i16_scratch_len(m, k, threads)];
+    let outs: Vec<Vec<f32>> = [true, false]
+        .iter()
+        .map(|&vnni| {
+            let mut c = vec![f32::NAN; m * n];
+            gemm_i16_variant(m, k, n, a, lda, bp, &mut c, n, false, epi, &mut scratch, pool, isa, vnni).unwrap();
+            c
+        })
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&outs[0]), bits(&outs[1]), "{m}x{k}x{n} on {isa:?}: VNNI and pairs-then-add differ");
+    outs.into_iter().next().unwrap()
+}
+
+#[test]
+fn exact_integer_sums_on_every_isa_and_thread_count() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(7);
+    // Tile and block edges: partial strips and panels, odd k (a half-filled last pair), k past
+    // the f32 GEMM's k block, m past MC.
+    for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (13, 7, 33), (12, 64, 32), (37, 385, 50), (MC + 7, 900, 2 * NR + 3), (3 * MR + 1, 2000, 9)] {
+        // Values whose sums reach far past 2^24 (the f32 GEMM would round them).
+        let a = ints(&mut rng, m * k, -255, 255);
+        let b = ints(&mut rng, k * n, -128, 127);
+        let bp = pack16(&b, k, n);
+        let exact: Vec<i64> = (0..m * n)
+            .map(|ij| (0..k).map(|p| a[(ij / n) * k + p] as i64 * b[p * n + ij % n] as i64).sum())
+            .collect();
+        let want: Vec<f32> = exact.iter().map(|&v| v as f32).collect();
+        for isa in isas() {
+            for pool in [None, Some(&pool)] {
+                let got = run16(m, k, n, &a, k, &bp, &EpilogueRef::default(), pool, isa);
+                assert_eq!(got, want, "{m}x{k}x{n} on {isa:?}, {} thread(s)", pool.map_or(1, |p| p.threads()));
+            }
+        }
+    }
+}
+
+#[test]
+fn equals_the_f32_gemm_bitwise_where_that_is_exact() {
+    // Small integers keep every f32 partial sum exact: both GEMMs then give the same sum, and
+    // the same store and epilogue must give the same bits (bias, scale, each activation,
+    // residual, gated).
+    let mut rng = Rng::new(11);
+    let (m, k, n) = (29, 70, 45);
+    let a = ints(&mut rng, m * k, -20, 20);
+    let b = ints(&mut rng, k * n, -20, 20);
+    let bias = rng.vec(n);
+    let res = rng.vec(m * n);
+    let bp = pack16(&b, k, n);
+    let mut bf = vec![0f32; packed_b_len(k, n)];
+    pack_b_into(&b, k, n, n, false, &mut bf).unwrap();
+    for act in [Activation::None, Activation::Relu, Activation::GeluErf, Activation::GeluTanh, Activation::Silu, Activation::Tanh] {
+        for residual in [None, Some((&res[..], n))] {
+            let epi = EpilogueRef { bias: Some(&bias), residual, activation: act, scale: 0.0123 };
+            for isa in isas() {
+                let got = run16(m, k, n, &a, k, &bp, &epi, None, isa);
+                let mut want = vec![0f32; m * n];
+                let mut scratch = vec![0f32; gemm_scratch_len(m, n, k, 1)];
+                gemm_prepacked(m, k, n, &a, k, &bf, &mut want, n, false, &epi, &mut scratch, None, isa).unwrap();
+                let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{act:?}, residual {}, {isa:?}", residual.is_some());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_is_converted_as_documented() {
+    // A holds what the compiler proves integral; the rest is converted the same way on every
+    // path: nearest (ties to even), saturated, NaN to -32768.
+    let vals = [0.5f32, 1.5, 2.5, -0.5, -2.5, 40000.0, -40000.0, f32::NAN, 3.0e9, 7.0];
+    let k = vals.len();
+    for p in 0..k {
+        // One-hot B picks column p of A.
+        let mut bk = vec![0f32; k];
+        bk[p] = 1.0;
+        let bp = pack16(&bk, k, 1);
+        let want = [0.0f32, 2.0, 2.0, -0.0, -2.0, 32767.0, -32768.0, -32768.0, -32768.0, 7.0][p];
+        for isa in isas() {
+            let got = run16(1, k, 1, &vals, k, &bp, &EpilogueRef::default(), None, isa);
+            assert_eq!(got[0], want, "column {p} ({}) on {isa:?}", vals[p]);
+        }
+    }
+}
+
+#[test]
+fn packing_refuses_what_is_not_an_i16_integer() {
+    let mut dst = vec![0i16; packed_b_i16_len(2, 2)];
+    for (bad, at) in [([1.0f32, 2.0, 0.5, 3.0], 2), ([1.0, 32768.0, 0.0, 0.0], 1), ([f32::NAN, 0.0, 0.0, 0.0], 0)] {
+        assert_eq!(pack_b_i16_into(&bad, 2, 2, 2, 1, &mut dst), Err(KernelError::NotInteger { what: "b", index: at }));
+    }
+    // Strided views: column-major storage reads the same matrix.
+    let b = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let (mut r, mut c) = (vec![0i16; packed_b_i16_len(2, 3)], vec![0i16; packed_b_i16_len(2, 3)]);
+    pack_b_i16_into(&b, 2, 3, 3, 1, &mut r).unwrap();
+    let bt = [1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0];
+    pack_b_i16_into(&bt, 2, 3, 1, 2, &mut c).unwrap();
+    assert_eq!(r, c);
+    assert!(matches!(pack_b_i16_into(&b, 3, 3, 3, 1, &mut r), Err(KernelError::BufferTooSmall { .. })));
+}
