@@ -396,8 +396,11 @@ pub enum KernelOp {
     /// `inputs[1]` = B with view shape `batch ++ [k, n]` (transposes are in the strides: see
     /// [`BufferView::matrix_layout`]; a stride-0 batch dim is a shared operand), `inputs[2..]` =
     /// epilogue operands with view shape `batch ++ [m, n]` (the iteration shape). A and B never
-    /// alias the output.
-    Gemm { batch: Vec<usize>, m: usize, n: usize, k: usize, alpha: f32, epilogue: Option<Expr> },
+    /// alias the output. `int_bounds`: every element of A (of B) is NaN or an integer of at most
+    /// the first (second) magnitude (`crate::ir::ranges`; B's from a weight's declared bound),
+    /// each at most 32767 and k times their product below 2^31, so a backend may multiply
+    /// exactly in integers (the CPU's i16 GEMM).
+    Gemm { batch: Vec<usize>, m: usize, n: usize, k: usize, alpha: f32, epilogue: Option<Expr>, int_bounds: Option<(u32, u32)> },
     /// Normalization over the last dim. Iteration shape = `output.shape` = `[.., cols]`; the
     /// normalized value is `x = prologue(loads)` (e.g. a residual add fused in). `inputs[gamma]`
     /// (and `inputs[beta]` for LayerNorm) are views of shape `[cols]`.
@@ -561,8 +564,9 @@ impl KernelProgram {
                 KernelOp::Elementwise { expr } => {
                     let _ = writeln!(s, "  expr: {}", expr.print());
                 }
-                KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue } => {
-                    let _ = writeln!(s, "  batch={batch:?} m={m} n={n} k={kk} alpha={alpha:?}");
+                KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue, int_bounds } => {
+                    let int = int_bounds.map(|(a, b)| format!(" ints ≤ {a}·{b}")).unwrap_or_default();
+                    let _ = writeln!(s, "  batch={batch:?} m={m} n={n} k={kk} alpha={alpha:?}{int}");
                     if let Some(e) = epilogue {
                         let _ = writeln!(s, "  epilogue: {}", e.print());
                     }

@@ -175,6 +175,17 @@ pub struct WeightSpec {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// Every element is an integer of at most this magnitude (a quantized weight minus its zero
+    /// point): a compiler may multiply it in integers. A backend that relies on it checks it
+    /// when it prepares the tensor.
+    pub int_bound: Option<u32>,
+}
+
+impl WeightSpec {
+    /// A weight with nothing known of its values.
+    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<usize>) -> WeightSpec {
+        WeightSpec { name: name.into(), dtype, shape, int_bound: None }
+    }
 }
 
 /// Further weight-table entries joined to one entry along `axis` into a single tensor that a

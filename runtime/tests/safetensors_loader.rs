@@ -164,13 +164,13 @@ fn graph_weight_table_loads_in_order_and_checks_specs() {
     let p = tmp("table.safetensors");
     sample(&p);
     let table = vec![
-        WeightSpec { name: "h".into(), dtype: DType::F32, shape: vec![3] },
-        WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![2, 3] },
+        WeightSpec::new("h", DType::F32, vec![3]),
+        WeightSpec::new("w", DType::F32, vec![2, 3]),
     ];
     let ts = load_graph_weights(&SafetensorsLoader::new(), &p, &table).unwrap();
     assert_eq!(ts[0].shape, vec![3]);
     assert_eq!(ts[1].to_f32_vec()[5], 6.0);
-    let bad = vec![WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![6] }];
+    let bad = vec![WeightSpec::new("w", DType::F32, vec![6])];
     assert!(matches!(load_graph_weights(&SafetensorsLoader::new(), &p, &bad), Err(Error::TensorMismatch { .. })));
 }
 

@@ -330,7 +330,7 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                 Ok(())
             })?;
         }
-        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue } => {
+        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue, int_bounds } => {
             let (a, b) = (&k.inputs[0], &k.inputs[1]);
             let mut views: Vec<&BufferView> = k.inputs.iter().collect();
             views.push(out);
@@ -351,10 +351,17 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                         *x = mem.get(a.buffer, bases[0] + i * sa_i + p * sa_p);
                     }
                     for j in 0..*n {
-                        let mut acc = 0f32;
-                        for p in 0..*kk {
-                            acc += arow[p] * bmat[p * n + j];
-                        }
+                        let mut acc = if int_bounds.is_some() {
+                            // Integer operands: the exact sum (f64 holds it: below 2^31), rounded
+                            // once, as an integer GEMM gives it.
+                            (0..*kk).map(|p| arow[p] as f64 * bmat[p * n + j] as f64).sum::<f64>() as f32
+                        } else {
+                            let mut acc = 0f32;
+                            for p in 0..*kk {
+                                acc += arow[p] * bmat[p * n + j];
+                            }
+                            acc
+                        };
                         acc *= alpha;
                         let at = |v: usize| bases[v] + i * last_stride(views[v], 2) + j * last_stride(views[v], 1);
                         let y = match epilogue {

@@ -275,6 +275,13 @@ impl<'a> Fuser<'a> {
             b = swap_last_two(&b);
         }
         let k = a.shape[a.rank() - 1];
+        // Integer operands (a quantized activation minus its zero point times a quantized
+        // weight): their bounds, where both fit i16 and every sum of k products fits i32.
+        let small = |v: usize| {
+            let r = self.ranges[v];
+            (r.int && r.magnitude() <= i16::MAX as f64).then(|| r.magnitude() as u32)
+        };
+        let int_bounds = small(av).zip(small(bv)).filter(|&(x, y)| (k as f64) * (x as f64) * (y as f64) < 2f64.powi(31));
         let shape_with = |last: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(last).collect() };
         let a = fit_to(&a, &shape_with([m, k])).ok_or_else(|| internal("gemm A view"))?;
         let b = fit_to(&b, &shape_with([k, n])).ok_or_else(|| internal("gemm B view"))?;
@@ -311,7 +318,7 @@ impl<'a> Fuser<'a> {
                 m = big_m;
             }
         }
-        Ok((KernelOp::Gemm { batch, m, n, k, alpha, epilogue }, out))
+        Ok((KernelOp::Gemm { batch, m, n, k, alpha, epilogue, int_bounds }, out))
     }
 
 }

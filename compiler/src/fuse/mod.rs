@@ -130,6 +130,8 @@ struct Fuser<'a> {
     bucket: Bucket,
     layouts: &'a [WeightLayout],
     shapes: Vec<Vec<usize>>,
+    /// Every node's value range (`crate::ir::ranges`): a GEMM's integer left operand.
+    ranges: Vec<crate::ops::range::Interval>,
     /// Distinct user nodes of every node.
     users: Vec<Vec<usize>>,
     use_count: Vec<usize>,
@@ -186,6 +188,7 @@ impl<'a> Fuser<'a> {
             bucket,
             layouts,
             shapes,
+            ranges: crate::ir::ranges::value_ranges(g),
             users,
             use_count,
             is_output,

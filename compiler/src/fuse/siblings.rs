@@ -159,7 +159,7 @@ fn merge_group(p: &mut KernelProgram, members: &[usize]) -> bool {
         col += c.n;
     }
     let first = &p.kernels[members[0]];
-    let KernelOp::Gemm { m, k, alpha, epilogue, .. } = first.op.clone() else { return false };
+    let KernelOp::Gemm { m, k, alpha, epilogue, int_bounds, .. } = first.op.clone() else { return false };
     let join = |f: &dyn Fn(usize) -> String| members.iter().map(|&ki| f(ki)).collect::<Vec<_>>().join("+");
     let out_name = join(&|ki| p.kernels[ki].name.clone());
     let mut out_shape = p.buffer(first.output.buffer).shape.clone();
@@ -193,7 +193,7 @@ fn merge_group(p: &mut KernelProgram, members: &[usize]) -> bool {
     }
     p.kernels[members[0]] = Kernel {
         name: out_name,
-        op: KernelOp::Gemm { batch: vec![], m, n: total, k, alpha, epilogue },
+        op: KernelOp::Gemm { batch: vec![], m, n: total, k, alpha, epilogue, int_bounds },
         inputs,
         output: BufferView::dense(new_out, &[m, total]),
         fused,

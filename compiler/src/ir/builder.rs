@@ -62,7 +62,7 @@ impl GraphBuilder {
 
     /// A checkpoint tensor; the same name twice gives the same weight-table entry.
     pub fn weight(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<ValueId> {
-        let spec = WeightSpec { name: name.into(), dtype, shape: shape.to_vec() };
+        let spec = WeightSpec::new(name, dtype, shape.to_vec());
         if let Some(&(i, v)) = self.weights.get(name) {
             if self.g.weights[i] != spec {
                 return Err(Error::graph(

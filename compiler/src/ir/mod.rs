@@ -6,6 +6,7 @@ pub mod builder;
 pub mod infer;
 pub mod parse;
 pub mod print;
+pub mod ranges;
 
 pub use builder::GraphBuilder;
 pub use infer::{broadcast_shapes, GraphExt};

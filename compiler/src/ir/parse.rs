@@ -51,9 +51,14 @@ fn parse_line(g: &mut Graph, line: &str) -> std::result::Result<(), Msg> {
         want_index(index, g.weights.len())?;
         let (name, rest) = quoted(rest)?;
         let ty = rest.strip_prefix(": ").ok_or("expected `: ` after the weight name")?;
+        // An optional ` ints ≤ N` after the type: the weight's integer bound.
+        let (ty, int_bound) = match ty.split_once(" ints ≤ ") {
+            Some((t, b)) => (t, Some(b.parse::<u32>().map_err(|e| format!("bad integer bound `{b}`: {e}"))?)),
+            None => (ty, None),
+        };
         let (dtype, shape) = parse_type(ty)?;
         let shape = shape.iter().map(|d| d.fixed().ok_or("a weight's dims are numbers")).collect::<std::result::Result<_, _>>()?;
-        g.weights.push(WeightSpec { name, dtype, shape });
+        g.weights.push(WeightSpec { name, dtype, shape, int_bound });
     } else if let Some(rest) = line.strip_prefix("output ") {
         let (name, rest) = quoted(rest)?;
         let v = value(rest.strip_prefix(" = ").ok_or("expected ` = %N`")?, g.nodes.len())?;

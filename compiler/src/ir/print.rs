@@ -34,7 +34,8 @@ pub(crate) fn print(g: &Graph) -> String {
         let _ = writeln!(s, "input {i} {:?}: {} {} ({:?})", inp.name, inp.dtype, fmt_shape(&inp.shape), inp.role);
     }
     for (i, w) in g.weights.iter().enumerate() {
-        let _ = writeln!(s, "weight {i} {:?}: {} [{}]", w.name, w.dtype, w.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
+        let ints = w.int_bound.map(|b| format!(" ints ≤ {b}")).unwrap_or_default();
+        let _ = writeln!(s, "weight {i} {:?}: {} [{}]{ints}", w.name, w.dtype, w.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
     }
     for (i, n) in g.nodes.iter().enumerate() {
         let args: Vec<String> = n.inputs.iter().map(|v| v.to_string()).collect();

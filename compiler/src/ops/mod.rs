@@ -43,6 +43,7 @@
 
 pub mod binary;
 pub mod eval;
+pub mod range;
 pub mod unary;
 
 /// The primitive operations op formulas are written in. `V` is a value (a scalar, a vector of

@@ -177,6 +177,11 @@ pub enum WeightPrep {
     /// `p < k` and `j < n`, is element `offset + p·row_stride + j·col_stride` of the storage —
     /// the checkpoint tensor, or its transpose when `transposed`.
     PackedB { transposed: bool, offset: usize, k: usize, n: usize, row_stride: usize, col_stride: usize },
+    /// The same view of B packed as i16 pairs for `kiln_kernels`' exact integer GEMM
+    /// (`gemm_i16`): every element must be an integer of magnitude at most `max_abs`, the bound
+    /// the code was compiled for (its sums stay exact in i32 under it); preparing a tensor that
+    /// breaks it is an error, never a wrong product.
+    PackedBI16 { transposed: bool, offset: usize, k: usize, n: usize, row_stride: usize, col_stride: usize, max_abs: u32 },
 }
 
 impl WeightSlot {
@@ -197,7 +202,11 @@ impl WeightSlot {
             WeightPrep::AsIs => Ok(()),
             WeightPrep::Transposed if self.shape.len() == 2 => Ok(()),
             WeightPrep::Transposed => Err(format!("a transposed weight must be rank 2, not {:?}", self.shape)),
-            WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
+            WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride }
+            | WeightPrep::PackedBI16 { transposed, offset, k, n, row_stride, col_stride, .. } => {
+                if matches!(self.prep, WeightPrep::PackedBI16 { max_abs, .. } if max_abs > i16::MAX as u32) {
+                    return Err("an i16-packed weight's bound must be at most 32767".into());
+                }
                 if *transposed && self.shape.len() != 2 {
                     return Err(format!("a transposed weight must be rank 2, not {:?}", self.shape));
                 }

@@ -51,9 +51,9 @@ fn host_ptr(t: &HostTensor) -> *const u8 {
     }
 }
 
-/// Transposes a row-major `[r, c]` f64 matrix.
-fn transpose(v: &[f64], r: usize, c: usize) -> Vec<f64> {
-    let mut t = vec![0f64; v.len()];
+/// Transposes a row-major `[r, c]` matrix.
+fn transpose<T: Copy + Default>(v: &[T], r: usize, c: usize) -> Vec<T> {
+    let mut t = vec![T::default(); v.len()];
     for i in 0..r {
         for j in 0..c {
             t[j * r + i] = v[i * c + j];
@@ -213,14 +213,7 @@ impl CpuWeights {
                 } else {
                     let tr;
                     let storage: &[f32] = if *transposed {
-                        let (r, c) = (slot.shape[0], slot.shape[1]);
-                        let mut v = vec![0f32; ckpt.len()];
-                        for i in 0..r {
-                            for j in 0..c {
-                                v[j * r + i] = ckpt[i * c + j];
-                            }
-                        }
-                        tr = v;
+                        tr = transpose(ckpt, slot.shape[0], slot.shape[1]);
                         &tr
                     } else {
                         ckpt
@@ -243,6 +236,59 @@ impl CpuWeights {
                 r.map_err(|e| bad(format!("cannot pack: {e}")))?;
                 Ok(Prepared::Owned(a))
             }
+            WeightPrep::PackedBI16 { transposed, offset, k, n, row_stride, col_stride, max_abs } => {
+                let ckpt = t.to_f32_vec();
+                let storage = if *transposed { transpose(&ckpt, slot.shape[0], slot.shape[1]) } else { ckpt };
+                let src = &storage[(*offset).min(storage.len())..];
+                let len = kiln_kernels::gemm::packed_b_i16_len(*k, *n);
+                let mut a = Aligned::zeroed(len * 2)?;
+                // SAFETY: the memory is page-aligned and holds len·2 zeroed bytes; every bit
+                // pattern is a valid i16.
+                let dst = unsafe { std::slice::from_raw_parts_mut(a.as_mut_bytes().as_mut_ptr().cast::<i16>(), len) };
+                kiln_kernels::gemm::pack_b_i16_into(src, *k, *n, *row_stride, *col_stride, dst).map_err(|e| match e {
+                    kiln_kernels::KernelError::NotInteger { index, .. } => bad(format!(
+                        "element {} is {}, not an integer in [-32768, 32767]: the plan was compiled for integer weights (a quantized model's)",
+                        offset + index,
+                        src[index]
+                    )),
+                    e => bad(format!("cannot pack: {e}")),
+                })?;
+                if let Some(v) = dst.iter().find(|v| v.unsigned_abs() as u32 > *max_abs) {
+                    return Err(bad(format!("holds {v}, past the bound ±{max_abs} the plan was compiled for (its integer sums stay exact under it)")));
+                }
+                Ok(Prepared::Owned(a))
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn i16_slot(max_abs: u32, transposed: bool) -> WeightSlot {
+        WeightSlot {
+            index: 0,
+            concat: None,
+            shape: vec![3, 2],
+            dtype: crate::DType::F32,
+            prep: WeightPrep::PackedBI16 { transposed, offset: 0, k: if transposed { 2 } else { 3 }, n: if transposed { 3 } else { 2 }, row_stride: 2, col_stride: 1, max_abs },
+        }
+    }
+
+    #[test]
+    fn i16_packing_checks_the_values_the_plan_relies_on() {
+        let w = |v: Vec<f32>| CpuWeights::new(vec![HostTensor::f32(vec![3, 2], v).unwrap()]);
+        // Integers within the bound, either orientation: packed.
+        for tr in [false, true] {
+            w(vec![1.0, -2.0, 3.0, -4.0, 5.0, 127.0]).prepare_slot(&i16_slot(127, tr)).unwrap();
+        }
+        // A fraction, or past the bound: one-line errors naming the tensor and the element.
+        let e = w(vec![1.0, -2.0, 3.5, -4.0, 5.0, 6.0]).prepare_slot(&i16_slot(127, false)).unwrap_err().to_string();
+        assert!(e.contains("tensor #0") && e.contains("element 2 is 3.5") && !e.contains('\n'), "{e}");
+        let e = w(vec![1.0, -2.0, 3.0, -400.0, 5.0, 6.0]).prepare_slot(&i16_slot(127, false)).unwrap_err().to_string();
+        assert!(e.contains("tensor #0") && e.contains("-400") && e.contains("±127"), "{e}");
+        // A bound no i16 holds is refused before any data is read.
+        assert!(w(vec![0.0; 6]).prepare_slot(&i16_slot(40000, false)).is_err());
     }
 }

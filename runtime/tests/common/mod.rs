@@ -14,7 +14,7 @@ pub fn graph(width: usize) -> Graph {
     let node = |name: &str, op, inputs, shape| Node { name: name.into(), op, inputs, dtype: DType::F32, shape };
     let g = Graph {
         inputs: vec![InputSpec { name: "x".into(), dtype: DType::F32, shape: x.clone(), role: InputRole::Other }],
-        weights: vec![WeightSpec { name: "w".into(), dtype: DType::F32, shape: vec![width] }],
+        weights: vec![WeightSpec::new("w", DType::F32, vec![width])],
         nodes: vec![
             node("x", Op::Input { index: 0 }, vec![], x.clone()),
             node("w", Op::Weight { index: 0 }, vec![], vec![Dim::Fixed(width)]),

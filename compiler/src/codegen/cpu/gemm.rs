@@ -1,4 +1,7 @@
-//! GEMM kernels: calls into the kernel table's AVX2/FMA GEMM (`gemm_f32`) with B pre-packed.
+//! GEMM kernels: calls into the kernel table's AVX2/FMA GEMM (`gemm_f32`) with B pre-packed,
+//! or its exact integer GEMM (`gemm_i16`) where the kernel's operands are integers
+//! (`KernelOp::Gemm::int_bounds`) and B is a weight packed as i16 pairs
+//! ([`WeightPrep::PackedBI16`], see `layout.rs`).
 //!
 //! - **B**: a weight shared by every batch entry was packed once by the runtime (a
 //!   [`WeightPrep::PackedB`](kiln_runtime::cpu::WeightPrep) slot); any other B is packed per
@@ -14,7 +17,8 @@
 
 use cranelift_codegen::ir::types::{F32, I32, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_kernels::gemm::{gemm_scratch_len, packed_b_len};
+use kiln_kernels::gemm::{gemm_i16_scratch_len, gemm_scratch_len, packed_b_len};
+use kiln_runtime::cpu::WeightPrep;
 use kiln_kernels::table::KernelTable;
 use kiln_runtime::graph::{BinaryOp, UnaryOp};
 use kiln_runtime::DType;
@@ -42,6 +46,21 @@ const _: unsafe extern "C" fn(
     *mut f32,
     usize,
 ) -> i32 = kiln_kernels::table::raw_gemm_f32;
+const _: unsafe extern "C" fn(
+    *const KernelTable,
+    usize,
+    usize,
+    usize,
+    *const f32,
+    usize,
+    *const i16,
+    *mut f32,
+    usize,
+    usize,
+    *const kiln_kernels::gemm::Epilogue,
+    *mut f32,
+    usize,
+) -> i32 = kiln_kernels::table::raw_gemm_i16;
 const _: unsafe extern "C" fn(*const f32, usize, usize, usize, usize, *mut f32) = kiln_kernels::table::raw_pack_b_f32;
 const _: () = assert!(std::mem::size_of::<kiln_kernels::gemm::Epilogue>() == 32);
 const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, bias) == 0);
@@ -373,10 +392,13 @@ pub(crate) fn emit_gemm(
     let lda_direct = a_direct(a, dts[0], m, kk);
     let packed_slot = fx.env.layout.packed_b.get(&ki).copied();
     let b_pack = if packed_slot.is_some() { None } else { b_packable(b, dts[1], kk, n) };
+    // B packed as i16 pairs: the exact integer GEMM (`gemm_i16`, the table's other entry).
+    let int16 = packed_slot.is_some_and(|s| matches!(fx.env.layout.slots[s].prep, WeightPrep::PackedBI16 { .. }));
+    let scratch_len = |threads: usize| if int16 { gemm_i16_scratch_len(m, kk, threads) } else { gemm_scratch_len(m, n, kk, threads) };
 
     // Scratch.
     let threads = fx.env.threads.max(1);
-    let apack_floats = gemm_scratch_len(m, n, kk, threads);
+    let apack_floats = scratch_len(threads);
     let apack_off = fx.claim_scratch(apack_floats * 4);
     let bpack_off = if packed_slot.is_none() { Some(fx.claim_scratch(packed_b_len(kk, n) * 4)) } else { None };
     let adense_off = if lda_direct.is_none() { Some(fx.claim_scratch(m * kk * 4)) } else { None };
@@ -463,7 +485,7 @@ pub(crate) fn emit_gemm(
     // function runs as `n_tasks` tasks, each one call on a range of rows or column panels;
     // nested pool use inside runs inline).
     let split = choose_split(fx.env.threads, m, n, kk, nb == 0 && packed_slot.is_some() && lda_direct.is_some() && fused.is_some());
-    let per_thread = gemm_scratch_len(m, n, kk, 1) as i64;
+    let per_thread = scratch_len(1) as i64;
     fx.nest(&bdims, &ptrs, &bbytes, None, &mut |fx, p| {
         let bpk = match prepacked {
             Some(v) => v,
@@ -498,7 +520,8 @@ pub(crate) fn emit_gemm(
                 let nr = kiln_kernels::gemm::NR;
                 let (j0, j1) = fx.task_range(n, nr);
                 nv_ = fx.b.ins().isub(j1, j0);
-                bpk = fx.offset(bpk, j0, (kk * 4) as i64);
+                // Bytes of packed B per column: k floats, or ceil(k/2) pairs of i16.
+                bpk = fx.offset(bpk, j0, if int16 { kk.div_ceil(2) * 4 } else { kk * 4 } as i64);
                 cptr = fx.offset(cptr, j0, 4);
                 col0 = Some(j0);
             }
@@ -544,7 +567,8 @@ pub(crate) fn emit_gemm(
             apack_t,
             apack_len_t,
         ];
-        let st = fx.call_table(KernelTable::OFF_GEMM_F32, &args, true).expect("gemm returns a status");
+        let entry = if int16 { KernelTable::OFF_GEMM_I16 } else { KernelTable::OFF_GEMM_F32 };
+        let st = fx.call_table(entry, &args, true).expect("gemm returns a status");
         fx.check_status(st);
         if let Some(off) = ctmp_off {
             // The epilogue as an elementwise pass from the scratch tile into the output view.

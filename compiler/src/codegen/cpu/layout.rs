@@ -52,7 +52,7 @@ pub struct Layout {
 /// batch entry (a linear layer).
 pub fn packed_b_slot(program: &KernelProgram, ki: usize) -> Option<WeightSlot> {
     let k = &program.kernels[ki];
-    let KernelOp::Gemm { batch, m: _, n, k: kk, .. } = &k.op else { return None };
+    let KernelOp::Gemm { batch, m: _, n, k: kk, int_bounds, .. } = &k.op else { return None };
     let b = k.inputs.get(1)?;
     let buf = program.buffer(b.buffer);
     let BufferKind::Weight { index, layout, concat } = &buf.kind else { return None };
@@ -65,20 +65,14 @@ pub fn packed_b_slot(program: &KernelProgram, ki: usize) -> Option<WeightSlot> {
         WeightLayout::Transposed if buf.shape.len() == 2 => (vec![buf.shape[1], buf.shape[0]], true),
         WeightLayout::Transposed => return None,
     };
-    Some(WeightSlot {
-        index: *index,
-        concat: concat.clone(),
-        shape,
-        dtype: DType::F32,
-        prep: WeightPrep::PackedB {
-            transposed,
-            offset: b.offset,
-            k: *kk,
-            n: *n,
-            row_stride: b.strides[r - 2],
-            col_stride: b.strides[r - 1],
-        },
-    })
+    let (offset, k, n, row_stride, col_stride) = (b.offset, *kk, *n, b.strides[r - 2], b.strides[r - 1]);
+    // Integer operands (see `KernelOp::Gemm::int_bounds`): B packed as i16 pairs for the exact
+    // integer GEMM, its bound checked when the runtime packs it.
+    let prep = match int_bounds {
+        Some((_, b_max)) if concat.is_none() => WeightPrep::PackedBI16 { transposed, offset, k, n, row_stride, col_stride, max_abs: *b_max },
+        _ => WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride },
+    };
+    Some(WeightSlot { index: *index, concat: concat.clone(), shape, dtype: DType::F32, prep })
 }
 
 impl Layout {

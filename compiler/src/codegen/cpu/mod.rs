@@ -78,7 +78,7 @@ fn build_kernel(env: &Env, isa: &CodegenIsa, ki: usize, k: &Kernel, fctx: &mut F
     let mut fx = Fx::new(b, env);
     let tasks = match &k.op {
         KernelOp::Elementwise { expr } => elementwise::emit_elementwise(&mut fx, k, expr),
-        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue } => {
+        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue, .. } => {
             gemm::emit_gemm(&mut fx, ki, k, batch, *m, *n, *kk, *alpha, epilogue.as_ref())
         }
         KernelOp::Norm { kind, eps, prologue, gamma, beta } => norm::emit_norm(&mut fx, k, *kind, *eps, prologue, *gamma, *beta),

@@ -321,7 +321,8 @@ impl<'m> Importer<'m> {
     /// an initializer the weight source reads itself).
     fn weight_node(&mut self, name: &str, data: HostTensor, derived: bool) -> R<ValueId> {
         let index = self.g.weights.len();
-        self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone() });
+        let int_bound = data.as_f32().and_then(crate::ir::ranges::int_bound);
+        self.g.weights.push(WeightSpec { name: name.to_string(), dtype: data.dtype(), shape: data.shape.clone(), int_bound });
         self.weights.insert(name.to_string(), index);
         if derived {
             self.derived.push((name.to_string(), data));

@@ -624,7 +624,7 @@ fn emit_kernel_body(ctx: &Ctx, target: &CudaTarget) -> Result<Body> {
     let k = ctx.kernel;
     match &k.op {
         KernelOp::Elementwise { expr } => emit_elementwise(ctx, expr),
-        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue } => {
+        KernelOp::Gemm { batch, m, n, k: kk, alpha, epilogue, .. } => {
             emit_gemm(ctx, target, batch, *m, *n, *kk, *alpha, epilogue.as_ref())
         }
         KernelOp::Norm { kind, eps, prologue, gamma, beta } => {
