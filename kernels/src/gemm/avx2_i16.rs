@@ -88,7 +88,10 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
                 _mm_prefetch::<_MM_HINT_T0>(b_next.wrapping_add(q * NR).cast());
             }
             let bp = b.add(q * NR);
-            let bv: [__m256i; NV] = std::array::from_fn(|v| _mm256_loadu_si256(bp.add(v * 8).cast()));
+            let mut bv = [_mm256_setzero_si256(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm256_loadu_si256(bp.add(v * 8).cast());
+            }
             for (i, row) in acc.iter_mut().enumerate() {
                 let av = _mm256_set1_epi32(*a.add(q * MR + i));
                 for v in 0..NV {
@@ -100,7 +103,13 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
                 }
             }
         }
-        let accf = acc.map(|row| row.map(|x| _mm256_cvtepi32_ps(x)));
+        // Loops, not `array::map`: a closure does not inherit the target features.
+        let mut accf = [[_mm256_setzero_ps(); NV]; R];
+        for (f, row) in accf.iter_mut().zip(&acc) {
+            for (x, &v) in f.iter_mut().zip(row) {
+                *x = _mm256_cvtepi32_ps(v);
+            }
+        }
         store_tile(&accf, c, ldc, alpha, beta, mr, nr, post)
     }
 }
