@@ -504,6 +504,19 @@ impl KernelProgram {
         &self.buffers[id.index()]
     }
 
+    /// The part of [`matmul_flops`](Self::matmul_flops) in GEMMs with integer operands
+    /// (`KernelOp::Gemm::int_bounds`), which a backend may run in integers.
+    pub fn integer_matmul_flops(&self) -> u128 {
+        let prod = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
+        self.kernels
+            .iter()
+            .map(|k| match &k.op {
+                KernelOp::Gemm { batch, m, n, k, int_bounds: Some(_), .. } => 2 * prod(batch) * prod(&[*m, *n, *k]),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Floating-point operations of the program's matrix products (2 per multiply-add: GEMMs and
     /// both products of every attention kernel), the figure GFLOP/s are quoted against.
     /// Elementwise work, norms and softmax exponentials are not counted.

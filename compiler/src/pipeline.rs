@@ -150,6 +150,9 @@ pub struct CompileReport {
     pub lower_bound_bytes: usize,
     /// [`KernelProgram::matmul_flops`](crate::kernel_ir::KernelProgram::matmul_flops) of the plan.
     pub matmul_flops: u128,
+    /// The part of `matmul_flops` with integer operands
+    /// ([`KernelProgram::integer_matmul_flops`](crate::kernel_ir::KernelProgram::integer_matmul_flops)).
+    pub int_matmul_flops: u128,
 }
 
 impl CompileReport {
@@ -182,6 +185,7 @@ pub fn report_of(graph: &Graph, lowered: &Lowered) -> CompileReport {
         naive_bytes: lowered.plan.naive_bytes,
         lower_bound_bytes: lowered.plan.lower_bound_bytes,
         matmul_flops: lowered.program.matmul_flops(),
+        int_matmul_flops: lowered.program.integer_matmul_flops(),
     }
 }
 

@@ -114,7 +114,7 @@ fn gemm_linear_gelu_f32() {
     let o = p.output("out", DType::F32, &[8, 12]);
     let e = expr(vec![ExprNode::Acc, ExprNode::Load(2), ExprNode::Binary(BinaryOp::Add, 0, 1), ExprNode::Unary(UnaryOp::Gelu, 2)]);
     let prog = p.finish(
-        KernelOp::Gemm { batch: vec![], m: 8, n: 12, k: 16, alpha: 1.0, epilogue: Some(e) },
+        KernelOp::Gemm { batch: vec![], m: 8, n: 12, k: 16, alpha: 1.0, epilogue: Some(e), int_bounds: None },
         vec![dense(a, &[8, 16]), dense(w, &[12, 16]).permute(&[1, 0]), dense(b, &[12]).broadcast_to(&[8, 12]).unwrap()],
         dense(o, &[8, 12]),
     );
@@ -129,7 +129,7 @@ fn gemm_batched_mma_f16() {
     let k = p.input("k", DType::F16, &[2, 3, 10, 8]);
     let o = p.output("out", DType::F16, &[2, 3, 10, 10]);
     let prog = p.finish(
-        KernelOp::Gemm { batch: vec![2, 3], m: 10, n: 10, k: 8, alpha: 0.125, epilogue: None },
+        KernelOp::Gemm { batch: vec![2, 3], m: 10, n: 10, k: 8, alpha: 0.125, epilogue: None, int_bounds: None },
         vec![dense(q, &[2, 3, 10, 8]), dense(k, &[2, 3, 10, 8]).permute(&[0, 1, 3, 2])],
         dense(o, &[2, 3, 10, 10]),
     );

@@ -120,7 +120,18 @@ pub(crate) fn bench_cpu_bucket(
         t.load_ms
     );
     let ms = bench_runs(be, &mut plan, graph, inputs, b, runs, be.threads())?;
-    print_gflops(b, pipeline::compile_report(graph, b)?.matmul_flops as f64, ms, peak);
+    let r = pipeline::compile_report(graph, b)?;
+    if r.int_matmul_flops > 0 {
+        // Integer GEMMs run up to twice the f32 FMA rate (i16 pairs, VNNI): a share of the
+        // f32 peak would mislead.
+        print_gflops(b, r.matmul_flops as f64, ms, None);
+        println!(
+            "bucket {b}: {:.3} GFLOP of those have integer operands (the exact integer GEMM where B is a packed weight): no % of the f32 FMA peak",
+            r.int_matmul_flops as f64 / 1e9
+        );
+    } else {
+        print_gflops(b, r.matmul_flops as f64, ms, peak);
+    }
     if profile {
         let batch = bench_batch(graph, inputs, b)?;
         let mut out = kiln_runtime::Outputs::for_bucket(graph, b);

