@@ -275,13 +275,13 @@ impl<'a> Fuser<'a> {
             b = swap_last_two(&b);
         }
         let k = a.shape[a.rank() - 1];
-        // Integer operands (a quantized activation minus its zero point times a quantized
-        // weight): their bounds, where both fit i16 and every sum of k products fits i32.
-        let small = |v: usize| {
-            let r = self.ranges[v];
-            (r.int && r.magnitude() <= i16::MAX as f64).then(|| r.magnitude() as u32)
-        };
-        let int_bounds = small(av).zip(small(bv)).filter(|&(x, y)| (k as f64) * (x as f64) * (y as f64) < 2f64.powi(31));
+        // Integer operands (a quantized activation minus its zero point times a weight of
+        // declared integers, which the backend checks as it packs it): their bounds, where both
+        // fit i16 and every sum of k products fits i32.
+        let ra = self.ranges[av];
+        let a_int = (ra.int && ra.magnitude() <= i16::MAX as f64).then(|| ra.magnitude() as u32);
+        let b_int = crate::ir::ranges::weight_bound(g, bv).filter(|&b| b <= i16::MAX as u32);
+        let int_bounds = a_int.zip(b_int).filter(|&(x, y)| (k as f64) * (x as f64) * (y as f64) < 2f64.powi(31));
         let shape_with = |last: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(last).collect() };
         let a = fit_to(&a, &shape_with([m, k])).ok_or_else(|| internal("gemm A view"))?;
         let b = fit_to(&b, &shape_with([k, n])).ok_or_else(|| internal("gemm B view"))?;

@@ -20,11 +20,10 @@ pub fn value_ranges(g: &Graph) -> Vec<Interval> {
         let at = |i: usize| n.inputs.get(i).map_or(Interval::ANY, |v| r[v.index()]);
         let v = match &n.op {
             Op::Constant { values } => values.iter().map(|&x| Ranges.c(x as f64)).reduce(Interval::union).unwrap_or(Interval::ANY),
-            Op::Weight { index } => match g.weights.get(*index).and_then(|w| w.int_bound) {
-                Some(b) => Interval::ints(-(b as f64), b as f64),
-                None => by_dtype(n.dtype),
-            },
-            Op::Input { .. } => by_dtype(n.dtype),
+            // A weight's declared bound is not trusted here: another checkpoint may break it,
+            // and only a backend that checks it as it prepares the tensor may rely on it (see
+            // `weight_bound`).
+            Op::Input { .. } | Op::Weight { .. } => by_dtype(n.dtype),
             Op::Unary(u) => unary::apply(&mut Ranges, *u, at(0)),
             Op::Binary(b) => binary::apply(&mut Ranges, *b, n.dtype.is_int(), at(0), at(1)),
             Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } | Op::Gather => at(0),
@@ -37,6 +36,19 @@ pub fn value_ranges(g: &Graph) -> Vec<Interval> {
         r.push(v.intersect(by_dtype(n.dtype)));
     }
     r
+}
+
+/// The declared integer bound of the weight `v` reads (through reshapes and transposes):
+/// for a GEMM's B, which a backend checks as it packs it (`WeightPrep::PackedBI16`).
+pub fn weight_bound(g: &Graph, mut v: usize) -> Option<u32> {
+    loop {
+        let n = &g.nodes[v];
+        match &n.op {
+            Op::Weight { index } => return g.weights.get(*index)?.int_bound,
+            Op::Reshape | Op::Transpose { .. } | Op::Cast { to: DType::F32 } => v = n.inputs.first()?.index(),
+            _ => return None,
+        }
+    }
 }
 
 /// The largest magnitude among `v` when every value is an integer (a weight's
@@ -69,5 +81,43 @@ fn cast(x: Interval, to: DType) -> Interval {
         DType::F32 => x,
         DType::F16 | DType::BF16 => Interval::ANY,
         DType::I32 | DType::I64 => Interval { lo: x.lo.trunc(), hi: x.hi.trunc(), int: true },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::GraphBuilder;
+    use kiln_runtime::graph::{BinaryOp, Dim, InputRole, UnaryOp};
+
+    #[test]
+    fn quantized_activations_are_integers_and_weights_bounds_only_reach_a_gemm_b() {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![Dim::Fixed(4), Dim::Fixed(8)], InputRole::Other).unwrap();
+        let w = b.weight("w", DType::F32, &[8, 8]).unwrap();
+        // clamp(round(x) + 3, 0, 255) - 3: integers in [-3, 252].
+        let r = b.unary(UnaryOp::Round, x).unwrap();
+        let three = b.scalar(3.0).unwrap();
+        let y = b.add(r, three).unwrap();
+        let zero = b.scalar(0.0).unwrap();
+        let y = b.max(y, zero).unwrap();
+        let top = b.scalar(255.0).unwrap();
+        let y = b.binary(BinaryOp::Min, y, top).unwrap();
+        let c = b.sub(y, three).unwrap();
+        let wt = b.transpose(w, &[1, 0]).unwrap();
+        let ww = b.add(w, zero).unwrap();
+        let m = b.matmul_t(c, wt, false, false).unwrap();
+        b.output("m", m);
+        b.output("ww", ww);
+        let mut g = b.finish().unwrap();
+        g.weights[0].int_bound = Some(127);
+        let r = value_ranges(&g);
+        assert_eq!(r[c.index()], Interval::ints(-3.0, 252.0));
+        assert!(!r[x.index()].int && !r[ww.index()].int, "an input, an op of a weight: nothing known");
+        // The declared bound reaches a GEMM's B through data movement, not through arithmetic.
+        assert_eq!(weight_bound(&g, wt.index()), Some(127));
+        assert_eq!(weight_bound(&g, ww.index()), None);
+        assert_eq!(int_bound(&[1.0, -7.0, 0.0]), Some(7));
+        assert_eq!(int_bound(&[1.0, 0.5]), None);
     }
 }
