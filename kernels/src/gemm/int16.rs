@@ -61,11 +61,12 @@ pub fn pack_b_i16_into(
     if k == 0 || n == 0 {
         return Ok(());
     }
-    let last = (k - 1)
+    let end = (k - 1)
         .checked_mul(row_stride)
         .and_then(|r| (n - 1).checked_mul(col_stride).and_then(|c| r.checked_add(c)))
+        .and_then(|l| l.checked_add(1))
         .ok_or(KernelError::Invalid("packed b view overflows"))?;
-    check_len("b", b.len(), last + 1)?;
+    check_len("b", b.len(), end)?;
     let pairs = k.div_ceil(2);
     for pan in 0..n.div_ceil(NR) {
         let panel = &mut dst[pan * pairs * NR * 2..(pan + 1) * pairs * NR * 2];

@@ -246,11 +246,16 @@ impl CpuWeights {
                 // pattern is a valid i16.
                 let dst = unsafe { std::slice::from_raw_parts_mut(a.as_mut_bytes().as_mut_ptr().cast::<i16>(), len) };
                 kiln_kernels::gemm::pack_b_i16_into(src, *k, *n, *row_stride, *col_stride, dst).map_err(|e| match e {
-                    kiln_kernels::KernelError::NotInteger { index, .. } => bad(format!(
-                        "element {} is {}, not an integer in [-32768, 32767]: the plan was compiled for integer weights (a quantized model's)",
-                        offset + index,
-                        src[index]
-                    )),
+                    kiln_kernels::KernelError::NotInteger { index, .. } => {
+                        // The element's place in the checkpoint tensor (the storage may be its
+                        // transpose).
+                        let e = offset + index;
+                        let at = if *transposed { e % slot.shape[0] * slot.shape[1] + e / slot.shape[0] } else { e };
+                        bad(format!(
+                            "element {at} (row-major) is {}, not an integer in [-32768, 32767]: the plan was compiled for integer weights (a quantized model's)",
+                            src[index]
+                        ))
+                    }
                     e => bad(format!("cannot pack: {e}")),
                 })?;
                 if let Some(v) = dst.iter().find(|v| v.unsigned_abs() as u32 > *max_abs) {
@@ -284,8 +289,10 @@ mod tests {
             w(vec![1.0, -2.0, 3.0, -4.0, 5.0, 127.0]).prepare_slot(&i16_slot(127, tr)).unwrap();
         }
         // A fraction, or past the bound: one-line errors naming the tensor and the element.
-        let e = w(vec![1.0, -2.0, 3.5, -4.0, 5.0, 6.0]).prepare_slot(&i16_slot(127, false)).unwrap_err().to_string();
-        assert!(e.contains("tensor #0") && e.contains("element 2 is 3.5") && !e.contains('\n'), "{e}");
+        for tr in [false, true] {
+            let e = w(vec![1.0, -2.0, 3.5, -4.0, 5.0, 6.0]).prepare_slot(&i16_slot(127, tr)).unwrap_err().to_string();
+            assert!(e.contains("tensor #0") && e.contains("element 2 (row-major) is 3.5") && !e.contains('\n'), "{e}");
+        }
         let e = w(vec![1.0, -2.0, 3.0, -400.0, 5.0, 6.0]).prepare_slot(&i16_slot(127, false)).unwrap_err().to_string();
         assert!(e.contains("tensor #0") && e.contains("-400") && e.contains("±127"), "{e}");
         // A bound no i16 holds is refused before any data is read.
