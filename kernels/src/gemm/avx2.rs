@@ -295,7 +295,7 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, _co
 /// # Safety
 /// AVX present (inlined into the AVX2 callers).
 #[inline(always)]
-unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+pub(super) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     // SAFETY: register-only AVX shuffles; the caller's contract puts AVX present.
     unsafe {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);

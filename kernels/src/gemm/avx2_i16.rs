@@ -116,7 +116,9 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
 
 /// Packs mc rows × `cols` columns of f32 A into MR-row strips of kc slots, as
 /// `int16::pack_a` (the same values: `cvtps2dq` rounds to nearest even and gives i32::MIN for
-/// NaN and out-of-range values, `packssdw` saturates), 8 columns of a row at a time.
+/// NaN and out-of-range values, `packssdw` saturates). A full strip goes 16 columns (8 slots)
+/// of its 6 rows at a time: converted, packed to pairs, and transposed in registers as the f32
+/// `avx2::pack_a` does, so the 6 slots of each pair index are stored together.
 ///
 /// # Safety
 /// AVX2 present; as `int16::pack_a`.
@@ -127,35 +129,50 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
         let mr = MR.min(mc - s);
         // SAFETY: strip si's kc·MR slots are inside dst.
         let sd = unsafe { d.add(si * MR * kc) };
-        for i in 0..MR {
-            let mut q = 0;
-            if i < mr {
-                // SAFETY: row s + i < mc; columns 2q..2q+8 < cols read; slots q..q+4 < kc of
-                // row i written.
+        let mut q = 0;
+        if mr == MR {
+            while 2 * q + 16 <= cols {
+                // SAFETY: rows s..s+6 < mc, columns 2q..2q+16 <= cols; slots q..q+8 < kc of
+                // the strip (48 written, the last group's two extra lanes kept inside below).
                 unsafe {
-                    let row = a.add((s + i) * lda);
-                    while 2 * q + 8 <= cols {
-                        let v = _mm256_cvtps_epi32(_mm256_loadu_ps(row.add(2 * q)));
-                        // Per 128-bit lane: the lane's four i16 twice; 64-bit chunks 0 and 2
-                        // are columns 0..4 and 4..8.
-                        let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(v, v));
-                        let x = _mm256_castsi256_si128(p);
-                        *sd.add(q * MR + i) = _mm_cvtsi128_si32(x);
-                        *sd.add((q + 1) * MR + i) = _mm_extract_epi32::<1>(x);
-                        *sd.add((q + 2) * MR + i) = _mm_extract_epi32::<2>(x);
-                        *sd.add((q + 3) * MR + i) = _mm_extract_epi32::<3>(x);
-                        q += 4;
+                    let pairs = |i: usize| sixteen_to_pairs(a.add((s + i) * lda + 2 * q));
+                    let z = _mm256_setzero_ps();
+                    let c = super::avx2::transpose8([pairs(0), pairs(1), pairs(2), pairs(3), pairs(4), pairs(5), z, z]);
+                    let o = sd.add(q * MR).cast::<f32>();
+                    for (j, cj) in c.iter().enumerate().take(7) {
+                        _mm256_storeu_ps(o.add(j * MR), *cj);
                     }
+                    _mm_storeu_ps(o.add(7 * MR), _mm256_castps256_ps128(c[7]));
+                    _mm_storel_epi64(o.add(7 * MR + 4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(c[7])));
                 }
+                q += 8;
             }
-            while q < kc {
-                // SAFETY: as above; columns read only below `cols` of a row < mc.
+        }
+        while q < kc {
+            for i in 0..MR {
+                // SAFETY: columns read only below `cols` of a row < mc; slot q < kc of row i.
                 unsafe {
                     let at = |p: usize| if i < mr && p < cols { to_i16(*a.add((s + i) * lda + p)) } else { 0 };
                     *sd.add(q * MR + i) = slot(at(2 * q), at(2 * q + 1));
                 }
-                q += 1;
             }
+            q += 1;
         }
+    }
+}
+
+/// 16 floats at `p` as 8 slots (i16 pairs, in order), in a ymm register's bits.
+///
+/// # Safety
+/// AVX2 present (inlined into the AVX2 caller: not a closure, which would not inherit the
+/// target features); `p` readable for 16 floats.
+#[inline(always)]
+unsafe fn sixteen_to_pairs(p: *const f32) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let lo = _mm256_cvtps_epi32(_mm256_loadu_ps(p));
+        let hi = _mm256_cvtps_epi32(_mm256_loadu_ps(p.add(8)));
+        // packs works per 128-bit lane: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7) → 64-bit chunks 0, 2, 1, 3.
+        _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi)))
     }
 }
