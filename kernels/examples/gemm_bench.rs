@@ -1,5 +1,6 @@
 //! GEMM benchmark: measures this machine's FMA peak with a register-only microbenchmark, then the
-//! GFLOP/s of `kiln_kernels::gemm` at MiniLM shapes, single- and multi-threaded, as % of that peak.
+//! GFLOP/s of `kiln_kernels::gemm` at MiniLM shapes, single- and multi-threaded, as % of that peak,
+//! and the exact integer GEMM (`gemm_i16`, with and without VNNI) against it on the same shapes.
 //!
 //! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`; `COLD=a|b|c` makes
 //! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all).
