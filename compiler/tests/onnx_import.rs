@@ -881,56 +881,77 @@ fn dynamic_quantize_linear_matches_the_definition_bit_for_bit() {
 /// The sums here reach 4.6e7, past f32's 2^24: every CPU output is the exact sum rounded once to
 /// f32 (kiln holds int32 in f32), as the f64 reference gives it too, which the f32 GEMM of the
 /// same integers misses at some elements (counted, so the test cannot pass without reaching
-/// them); on 1, 2 and 3 threads.
+/// them); on 1, 2 and 3 threads. A second case: a 3-D activation (batch rows folded into m),
+/// an odd k (a half-filled last pair) and uint8 weights with a zero point (B in [-255, 255]).
 #[test]
 fn matmul_integer_sums_are_exact_past_f32s_integers() {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::{Threads, WeightPrep};
     use kiln_runtime::{Backend, Batch, Outputs};
     let dir = tempfile::tempdir().unwrap();
-    let (m, k, n) = (7usize, 1536usize, 40usize);
     let mut rng = kiln_testkit::random::Rng::new(3);
+    // (activation dims, n, weights as stored, their type, their zero point, the B bound).
+    let (k1, k2) = (1536usize, 385usize);
     // Mostly +127 (large sums of one sign), some of everything else.
-    let w: Vec<i8> = (0..k * n).map(|_| if rng.uniform(0.0, 1.0) < 0.8 { 127 } else { rng.uniform(-128.0, 127.99).floor() as i8 }).collect();
-    let g = GraphProto {
-        node: vec![
-            node("DynamicQuantizeLinear", &["x"], &["y", "s", "z"], vec![]),
-            node("MatMulInteger", &["y", "w", "z"], &["acc"], vec![]),
-        ],
-        input: vec![vi("x", 1, &[Ok(m as i64), Ok(k as i64)])],
-        output: vec![vi("acc", 6, &[Ok(m as i64), Ok(n as i64)])],
-        initializer: vec![tensor("w", tensor_proto::DataType::Int8, &[k as i64, n as i64], vec![], vec![], Some(w.iter().map(|&v| v as u8).collect()))],
-        ..Default::default()
-    };
-    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
-    let model = OnnxModel::open(&p, &[]).unwrap();
-    let b = Bucket::new(1, 1);
-    let g = model.graph_for(b).unwrap();
-    let wts = model.weights(&g).unwrap();
-    // Values near the top of the range (zero point 0: the minimum is clamped to 0).
-    let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(200.0, 255.0)).collect();
-    let ins = [HostTensor::f32(vec![m, k], x.clone()).unwrap()];
-    let reference = interpret(&g, &wts, &ins, b).unwrap();
-    // DynamicQuantizeLinear as ONNX defines it, minus its zero point.
-    let hi = x.iter().fold(0f32, |a, &v| a.max(v));
-    let lo = x.iter().fold(0f32, |a, &v| a.min(v));
-    let scale = (hi - lo) / 255.0;
-    let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
-    let q: Vec<i64> = x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even() as i64).collect();
-    let exact: Vec<i64> = (0..m * n).map(|ij| (0..k).map(|p| q[(ij / n) * k + p] * w[p * n + ij % n] as i64).sum()).collect();
-    assert!(exact.iter().all(|&v| v > 1 << 24), "the sums must pass 2^24");
-    let f32_gemm: Vec<f32> = (0..m * n).map(|ij| (0..k).fold(0f32, |acc, p| (q[(ij / n) * k + p] as f32).mul_add(w[p * n + ij % n] as f32, acc))).collect();
-    let missed = exact.iter().zip(&f32_gemm).filter(|&(&e, &f)| e as f32 != f).count();
-    assert!(missed > 0, "the f32 GEMM of the same integers rounds no sum differently");
-    let want: Vec<f64> = exact.iter().map(|&v| v as f32 as f64).collect();
-    assert_eq!(reference[0].data.to_f64_vec(), want, "reference");
-    for threads in [1, 2, 3] {
-        let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(threads), ..Default::default() }).unwrap();
-        let uploaded = be.upload(&wts, &g).unwrap();
-        let mut plan = be.lower(&uploaded, &g, b).unwrap();
-        assert!(plan.image().weights.iter().any(|s| matches!(s.prep, WeightPrep::PackedBI16 { max_abs: 128, .. })), "the weight is packed as i16");
-        let mut out = Outputs::for_bucket(&g, b);
-        be.run(&mut plan, &Batch { tensors: ins.to_vec() }, &mut out).unwrap();
-        assert_eq!(out.tensors[0].data.to_f64_vec(), want, "{threads} thread(s): the exact sums rounded once to f32");
+    let w1: Vec<i64> = (0..k1 * 40).map(|_| if rng.uniform(0.0, 1.0) < 0.8 { 127 } else { rng.uniform(-128.0, 127.99).floor() as i64 }).collect();
+    let w2: Vec<i64> = (0..k2 * 17).map(|_| rng.uniform(0.0, 255.99).floor() as i64).collect();
+    let cases = [
+        (vec![7usize, k1], 40usize, w1, tensor_proto::DataType::Int8, 0i64, 128u32, (200.0f32, 255.0f32)),
+        (vec![2, 5, k2], 17, w2, tensor_proto::DataType::Uint8, 131, 131, (-3.0, 5.0)),
+    ];
+    for (case, (xdims, n, w, wt, wz, bound, (xlo, xhi))) in cases.into_iter().enumerate() {
+        let k = *xdims.last().unwrap();
+        let m: usize = xdims[..xdims.len() - 1].iter().product();
+        let dims = |d: &[usize]| d.iter().map(|&v| Ok(v as i64)).collect::<Vec<_>>();
+        let mut odims = xdims.clone();
+        *odims.last_mut().unwrap() = n;
+        let bytes: Vec<u8> = w.iter().map(|&v| v as u8).collect();
+        let g = GraphProto {
+            node: vec![
+                node("DynamicQuantizeLinear", &["x"], &["y", "s", "z"], vec![]),
+                node("MatMulInteger", &["y", "w", "z", "wz"], &["acc"], vec![]),
+            ],
+            input: vec![vi("x", 1, &dims(&xdims))],
+            output: vec![vi("acc", 6, &dims(&odims))],
+            initializer: vec![
+                tensor("w", wt, &[k as i64, n as i64], vec![], vec![], Some(bytes)),
+                tensor("wz", wt, &[], vec![], vec![], Some(vec![wz as u8])),
+            ],
+            ..Default::default()
+        };
+        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
+        let model = OnnxModel::open(&p, &[]).unwrap();
+        let b = Bucket::new(1, 1);
+        let g = model.graph_for(b).unwrap();
+        let wts = model.weights(&g).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(xlo, xhi)).collect();
+        let ins = [HostTensor::f32(xdims.clone(), x.clone()).unwrap()];
+        let reference = interpret(&g, &wts, &ins, b).unwrap();
+        // DynamicQuantizeLinear as ONNX defines it, minus its zero point.
+        let hi = x.iter().fold(0f32, |a, &v| a.max(v));
+        let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+        let scale = (hi - lo) / 255.0;
+        let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
+        let q: Vec<i64> = x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even() as i64).collect();
+        let exact: Vec<i64> = (0..m * n).map(|ij| (0..k).map(|p| q[(ij / n) * k + p] * (w[p * n + ij % n] - wz)).sum()).collect();
+        if case == 0 {
+            assert!(exact.iter().all(|&v| v > 1 << 24), "the sums must pass 2^24");
+            let f32_gemm: Vec<f32> =
+                (0..m * n).map(|ij| (0..k).fold(0f32, |acc, p| (q[(ij / n) * k + p] as f32).mul_add(w[p * n + ij % n] as f32, acc))).collect();
+            let missed = exact.iter().zip(&f32_gemm).filter(|&(&e, &f)| e as f32 != f).count();
+            assert!(missed > 0, "the f32 GEMM of the same integers rounds no sum differently");
+        }
+        let want: Vec<f64> = exact.iter().map(|&v| v as f32 as f64).collect();
+        assert_eq!(reference[0].data.to_f64_vec(), want, "case {case}: reference");
+        for threads in [1, 2, 3] {
+            let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(threads), ..Default::default() }).unwrap();
+            let uploaded = be.upload(&wts, &g).unwrap();
+            let mut plan = be.lower(&uploaded, &g, b).unwrap();
+            let packed = plan.image().weights.iter().any(|s| matches!(s.prep, WeightPrep::PackedBI16 { max_abs, .. } if max_abs == bound));
+            assert!(packed, "case {case}: the weight is packed as i16");
+            let mut out = Outputs::for_bucket(&g, b);
+            be.run(&mut plan, &Batch { tensors: ins.to_vec() }, &mut out).unwrap();
+            assert_eq!(out.tensors[0].data.to_f64_vec(), want, "case {case}, {threads} thread(s): the exact sums rounded once to f32");
+        }
     }
 }
