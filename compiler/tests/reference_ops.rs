@@ -94,12 +94,12 @@ fn binary_symbolic_shapes_and_scalar_constant() {
 #[test]
 fn unary_ops() {
     use UnaryOp::*;
-    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus, Floor, Ceil, Round, Sin, Cos];
+    let ops = [Gelu, Tanh, Relu, Silu, Exp, Sqrt, Rsqrt, Neg, Recip, GeluTanh, Sigmoid, Erf, Abs, Log, Softplus, Floor, Ceil, Round, Sin, Cos, Atan];
     // Every op has its values here, computed independently of `kiln_compiler::ops`.
     assert_eq!(ops.len(), kiln_compiler::ops::unary::ALL.len());
     let g = graph_of(&[&[3]], |g, x| ops.iter().map(|&op| g.unary(op, x[0]).unwrap()).collect());
     let out = interpret(&g, &[], &[f32t(&[3], &[1., -1., 4.])], B11).unwrap();
-    let want: [[f64; 3]; 20] = [
+    let want: [[f64; 3]; 21] = [
         // x * Φ(x): Φ(1) = 0.8413447460685429, Φ(4) = 0.9999683287581669
         [0.8413447460685429, -0.15865525393145707, 3.9998733150326676],
         [0.7615941559557649, -0.7615941559557649, 0.999329299739067],
@@ -128,6 +128,8 @@ fn unary_ops() {
         // Python's math.sin, math.cos
         [0.8414709848078965, -0.8414709848078965, -0.7568024953079282],
         [0.5403023058681398, 0.5403023058681398, -0.6536436208636119],
+        // Python's math.atan
+        [0.7853981633974483, -0.7853981633974483, 1.3258176636680326],
     ];
     for (k, w) in want.iter().enumerate() {
         let got = out[k].data.to_f64_vec();
@@ -787,6 +789,33 @@ fn clamps_against_constants_match_the_reference() {
 
 /// kiln's sin/cos against libm's on the reference interpreter (f64) and the CPU backend (f32,
 /// vector and scalar lanes): |x| up to 2^16 (rotary angles), points next to multiples of π/2,
+/// atan against f64's over the reduction's seams (tan(π/8), 1, tan(3π/8)), tiny, huge and
+/// special values, on the reference and the CPU; -0 keeps its sign, ±inf gives ±π/2.
+#[test]
+fn atan_matches_std() {
+    let mut xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) / 100.0).collect();
+    for seam in [0.414_213_56f64, 1.0, 2.414_213_6] {
+        for d in [-1e-6, -1e-7, 0.0, 1e-7, 1e-6] {
+            xs.extend([(seam + d) as f32, -(seam + d) as f32]);
+        }
+    }
+    xs.extend([0.0, -0.0, 1e-30, -1e-30, 9.9e-5, 1.01e-4, 1e10, -1e10, f32::MAX, f32::INFINITY, f32::NEG_INFINITY]);
+    let g = graph_of(&[&[xs.len()]], |g, x| vec![g.unary(UnaryOp::Atan, x[0]).unwrap()]);
+    let (reference, cpu) = reference_and_cpu(&g, f32t(&[xs.len()], &xs));
+    for (who, out, tol) in [("reference", &reference[0], 3e-7), ("cpu", &cpu[0], 4e-7)] {
+        let got = out.data.to_f64_vec();
+        for (i, &x) in xs.iter().enumerate() {
+            let want = (x as f64).atan();
+            assert!((got[i] - want).abs() <= tol * want.abs().max(1e-30), "{who}: atan({x}) = {}, want {want}", got[i]);
+        }
+        let at = xs.iter().position(|x| x.to_bits() == (-0.0f32).to_bits()).unwrap();
+        assert_eq!(got[at].to_bits(), (-0.0f64).to_bits(), "{who}: atan(-0) keeps the sign");
+    }
+    let nan = graph_of(&[&[1]], |g, x| vec![g.unary(UnaryOp::Atan, x[0]).unwrap()]);
+    let (r, c) = reference_and_cpu(&nan, f32t(&[1], &[f32::NAN]));
+    assert!(r[0].data.to_f64_vec()[0].is_nan() && c[0].data.to_f64_vec()[0].is_nan(), "atan(NaN)");
+}
+
 /// ±0; NaN past 2^22.
 #[test]
 fn sin_cos_match_std() {

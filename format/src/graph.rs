@@ -136,6 +136,9 @@ pub enum UnaryOp {
     /// past 2^22, where an f32 reduction has no meaning left.
     Sin,
     Cos,
+    /// The arc tangent (radians): Cephes' single-precision reduction and polynomial, about
+    /// 2e-7 relative; atan(±inf) = ±π/2, -0 stays -0. ONNX's Asin and Acos import through it.
+    Atan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

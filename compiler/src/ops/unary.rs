@@ -6,7 +6,7 @@ use kiln_runtime::graph::UnaryOp;
 use super::Prims;
 
 /// Every unary op, for tests and random graphs.
-pub const ALL: [UnaryOp; 20] = [
+pub const ALL: [UnaryOp; 21] = [
     UnaryOp::Gelu,
     UnaryOp::Tanh,
     UnaryOp::Relu,
@@ -27,6 +27,7 @@ pub const ALL: [UnaryOp; 20] = [
     UnaryOp::Round,
     UnaryOp::Sin,
     UnaryOp::Cos,
+    UnaryOp::Atan,
 ];
 
 /// The inputs on which random tests exercise an op with finite, well-conditioned results.
@@ -257,5 +258,45 @@ pub fn apply<P: Prims>(p: &mut P, op: UnaryOp, x: P::V) -> P::V {
         }
         UnaryOp::Sin => sin_cos(p, x, false),
         UnaryOp::Cos => sin_cos(p, x, true),
+        UnaryOp::Atan => atan(p, x),
     }
+}
+
+/// atan(x) as Cephes' `atanf` computes it: t = |x| reduced to |u| ≤ tan(π/8) — u = t where
+/// t ≤ tan(π/8), (t - 1)/(t + 1) + π/4 up to tan(3π/8), -1/t + π/2 past it — then
+/// u + u·z·P(z) with z = u² (a degree-4 minimax P), and x's sign. |x| < 1e-4 gives x itself
+/// (atan(x) = x there to f32 precision, and -0 stays -0); NaN stays NaN (every comparison false:
+/// u = t = NaN); ±inf gives ±π/2 (-1/inf = -0).
+fn atan<P: Prims>(p: &mut P, x: P::V) -> P::V {
+    let nx = p.neg(x);
+    let t = p.max(x, nx);
+    let (tp8, t3p8) = (p.c(0.414_213_562_373_095_1), p.c(2.414_213_562_373_095));
+    let big = p.lt(t3p8, t);
+    let mid = p.lt(tp8, t);
+    let one = p.c(1.0);
+    let mone = p.c(-1.0);
+    let inv = p.div(mone, t);
+    let tm = p.sub(t, one);
+    let tp = p.add(t, one);
+    let q = p.div(tm, tp);
+    let u = p.select(mid, q, t);
+    let u = p.select(big, inv, u);
+    let (zero, q4, h2) = (p.c(0.0), p.c(std::f64::consts::FRAC_PI_4), p.c(std::f64::consts::FRAC_PI_2));
+    let y0 = p.select(mid, q4, zero);
+    let y0 = p.select(big, h2, y0);
+    let z = p.mul(u, u);
+    let mut acc = p.c(8.053_744_495_38e-2);
+    for c in [-1.387_768_560_32e-1, 1.997_771_064_78e-1, -3.333_294_915_39e-1] {
+        let c = p.c(c);
+        acc = p.fma(acc, z, c);
+    }
+    let zu = p.mul(z, u);
+    let r = p.fma(acc, zu, u);
+    let r = p.add(y0, r);
+    let neg = p.lt(x, zero);
+    let nr = p.neg(r);
+    let signed = p.select(neg, nr, r);
+    let tiny = p.c(1e-4);
+    let small = p.lt(t, tiny);
+    p.select(small, x, signed)
 }

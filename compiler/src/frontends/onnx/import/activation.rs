@@ -13,7 +13,7 @@ use super::{one, unsup, Fail, Importer, NodeCx, Val, R};
 /// The ops this file imports.
 pub(super) const OPS: &[&str] = &[
     "Celu", "Elu", "HardSigmoid", "HardSwish", "IsInf", "LeakyRelu", "Mean", "Mish", "PRelu", "Selu", "Shrink", "Softsign", "Swish",
-    "ThresholdedRelu", "Tan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "SwiGLU",
+    "ThresholdedRelu", "Tan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Asin", "Acos", "SwiGLU",
 ];
 
 impl Importer<'_> {
@@ -110,6 +110,26 @@ impl Importer<'_> {
                     self.pick_below(name, x, 0.0, nl, l)?
                 } else {
                     l
+                }
+            }
+            // asin: atan(x / √((1 - x)(1 + x))), the product exact near |x| = 1 where 1 - x² is
+            // not (±π/2 at ±1: x / 0); acos: 2·atan(√((1 - x) / (1 + x))), accurate near 1
+            // where π/2 - asin(x) cancels (π at -1: √(2 / 0)). NaN past |x| = 1 (a negative root).
+            "Asin" | "Acos" => {
+                let one = self.k(name, 1.0, dt)?;
+                let m = self.bin(name, Sub, one, x)?;
+                let p = self.bin(name, Add, one, x)?;
+                if op == "Asin" {
+                    let d = self.bin(name, Mul, m, p)?;
+                    let r = self.un(name, UnaryOp::Sqrt, d)?;
+                    let q = self.bin(name, Div, x, r)?;
+                    self.un(name, UnaryOp::Atan, q)?
+                } else {
+                    let q = self.bin(name, Div, m, p)?;
+                    let r = self.un(name, UnaryOp::Sqrt, q)?;
+                    let a = self.un(name, UnaryOp::Atan, r)?;
+                    let two = self.k(name, 2.0, dt)?;
+                    self.bin(name, Mul, a, two)?
                 }
             }
             // ½·log((1 + x) / (1 - x)).

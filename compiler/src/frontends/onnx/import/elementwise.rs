@@ -11,7 +11,7 @@ use super::{like_code, one, unsup, Fail, Importer, NodeCx, Val, R};
 pub(super) const OPS: &[&str] = &[
     "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Pow", "Sqrt",
     "Reciprocal", "Neg", "Abs", "Exp", "Erf", "Tanh", "Sigmoid", "Relu", "Gelu", "Log", "Softplus",
-    "Floor", "Ceil", "Round", "Sin", "Cos", "Mod", "BitShift", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
+    "Floor", "Ceil", "Round", "Sin", "Cos", "Atan", "Mod", "BitShift", "Clip", "Sign", "CastLike", "Cast", "Where", "Equal", "Greater",
     "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
 ];
 
@@ -119,9 +119,10 @@ impl Importer<'_> {
                 }
             }
             "Sqrt" | "Reciprocal" | "Neg" | "Abs" | "Exp" | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Gelu" | "Log" | "Softplus" | "Floor" | "Ceil"
-            | "Round" | "Sin" | "Cos" => {
+            | "Round" | "Sin" | "Cos" | "Atan" => {
                 let u = match op {
                     "Sin" => UnaryOp::Sin,
+                    "Atan" => UnaryOp::Atan,
                     "Cos" => UnaryOp::Cos,
                     "Log" => UnaryOp::Log,
                     "Softplus" => UnaryOp::Softplus,
