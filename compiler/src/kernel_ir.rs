@@ -458,6 +458,19 @@ impl KernelOp {
     pub fn is_copy(&self) -> bool {
         matches!(self, KernelOp::Elementwise { expr } if expr.as_copy().is_some())
     }
+    /// This kernel's part of [`KernelProgram::matmul_flops`].
+    pub fn matmul_flops(&self) -> u128 {
+        // u128: a bucket's shapes are bounded (pipeline::MAX_TENSOR_BYTES), their products of
+        // four dims are not bounded by u64.
+        let prod = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
+        match self {
+            KernelOp::Gemm { batch, m, n, k, .. } => 2 * prod(batch) * prod(&[*m, *n, *k]),
+            KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, .. } => {
+                2 * prod(batch) * prod(&[*seq_q, *seq_kv]) * (*head_dim as u128 + *v_dim as u128)
+            }
+            _ => 0,
+        }
+    }
     /// The elementwise expression of the kernel, if it has one (body, epilogue or prologue).
     pub fn expr(&self) -> Option<&Expr> {
         match self {
@@ -507,33 +520,14 @@ impl KernelProgram {
     /// The part of [`matmul_flops`](Self::matmul_flops) in GEMMs with integer operands
     /// (`KernelOp::Gemm::int_bounds`), which a backend may run in integers.
     pub fn integer_matmul_flops(&self) -> u128 {
-        let prod = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
-        self.kernels
-            .iter()
-            .map(|k| match &k.op {
-                KernelOp::Gemm { batch, m, n, k, int_bounds: Some(_), .. } => 2 * prod(batch) * prod(&[*m, *n, *k]),
-                _ => 0,
-            })
-            .sum()
+        self.kernels.iter().filter(|k| matches!(k.op, KernelOp::Gemm { int_bounds: Some(_), .. })).map(|k| k.op.matmul_flops()).sum()
     }
 
     /// Floating-point operations of the program's matrix products (2 per multiply-add: GEMMs and
     /// both products of every attention kernel), the figure GFLOP/s are quoted against.
     /// Elementwise work, norms and softmax exponentials are not counted.
     pub fn matmul_flops(&self) -> u128 {
-        // u128: a bucket's shapes are bounded (pipeline::MAX_TENSOR_BYTES), their products of
-        // four dims are not bounded by u64.
-        let prod = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
-        self.kernels
-            .iter()
-            .map(|k| match &k.op {
-                KernelOp::Gemm { batch, m, n, k, .. } => 2 * prod(batch) * prod(&[*m, *n, *k]),
-                KernelOp::Attention { batch, seq_q, seq_kv, head_dim, v_dim, .. } => {
-                    2 * prod(batch) * prod(&[*seq_q, *seq_kv]) * (*head_dim as u128 + *v_dim as u128)
-                }
-                _ => 0,
-            })
-            .sum()
+        self.kernels.iter().map(|k| k.op.matmul_flops()).sum()
     }
 
     /// Number of kernels of each kind (see [`KernelOp::kind_name`]).

@@ -852,11 +852,8 @@ fn dynamic_quantize_linear_matches_the_definition_bit_for_bit() {
     for (case, amp) in [(0, 2.0f32), (1, 0.0), (2, 37.5)] {
         // Normal-ish values (a sum of four uniforms), shifted so that min and max differ in size.
         let x: Vec<f32> = (0..n).map(|_| amp * ((0..4).map(|_| rng.uniform(-1.0, 1.0)).sum::<f32>() + 0.3)).collect();
-        let lo = x.iter().fold(0f32, |a, &v| a.min(v));
-        let hi = x.iter().fold(0f32, |a, &v| a.max(v));
-        let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
-        let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
-        let want: Vec<f32> = x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even() + zero).collect();
+        let (scale, zero, centered) = dynamic_quantize_definition(&x);
+        let want: Vec<f32> = centered.iter().map(|&q| q + zero).collect();
         let earlier = x.iter().zip(&want).filter(|&(&v, &y)| (((v / scale) + zero).clamp(0.0, 255.0) + 0.5).trunc() != y).count();
         if case == 0 {
             assert!(earlier > 0, "the data reaches no quotient the earlier form rounded a step off");
@@ -873,6 +870,16 @@ fn dynamic_quantize_linear_matches_the_definition_bit_for_bit() {
             assert_eq!(off, 0, "case {case} {who}: {off} of {n} values differ ({earlier} would with the earlier form)");
         }
     }
+}
+
+/// DynamicQuantizeLinear of `x` as ONNX defines it (onnxruntime's order of f32 operations):
+/// the scale, the zero point, and each value quantized minus the zero point.
+fn dynamic_quantize_definition(x: &[f32]) -> (f32, f32, Vec<f32>) {
+    let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+    let hi = x.iter().fold(0f32, |a, &v| a.max(v));
+    let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
+    let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
+    (scale, zero, x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even()).collect())
 }
 
 /// DynamicQuantizeLinear + MatMulInteger with int8 weights (what `quantize_dynamic` writes):
@@ -927,12 +934,7 @@ fn matmul_integer_sums_are_exact_past_f32s_integers() {
         let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(xlo, xhi)).collect();
         let ins = [HostTensor::f32(xdims.clone(), x.clone()).unwrap()];
         let reference = interpret(&g, &wts, &ins, b).unwrap();
-        // DynamicQuantizeLinear as ONNX defines it, minus its zero point.
-        let hi = x.iter().fold(0f32, |a, &v| a.max(v));
-        let lo = x.iter().fold(0f32, |a, &v| a.min(v));
-        let scale = (hi - lo) / 255.0;
-        let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
-        let q: Vec<i64> = x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even() as i64).collect();
+        let q: Vec<i64> = dynamic_quantize_definition(&x).2.iter().map(|&v| v as i64).collect();
         let exact: Vec<i64> = (0..m * n).map(|ij| (0..k).map(|p| q[(ij / n) * k + p] * (w[p * n + ij % n] - wz)).sum()).collect();
         if case == 0 {
             assert!(exact.iter().all(|&v| v > 1 << 24), "the sums must pass 2^24");

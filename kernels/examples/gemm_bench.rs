@@ -135,6 +135,27 @@ fn gemm_runner<'a>(
     }
 }
 
+/// [`gemm_runner`] for the integer GEMM (B packed as i16 pairs), VNNI used where `vnni`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_i16_runner<'a>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &'a [f32],
+    pb16: &'a [i16],
+    pool: Option<&'a ThreadPool>,
+    isa: Isa,
+    vnni: bool,
+) -> impl FnMut() + 'a {
+    let mut c = vec![0.0f32; m * n];
+    let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
+    move || {
+        kiln_kernels::gemm::gemm_i16_variant(m, k, n, a, k, pb16, &mut c, n, false, &EpilogueRef::default(), &mut scratch, pool, isa, vnni)
+            .expect("gemm_i16");
+        black_box(&c);
+    }
+}
+
 fn attention_runner<'a>(
     batch: usize,
     dims: AttnDims,
@@ -205,8 +226,6 @@ fn main() {
         (1024, 384, 1536),
     ];
     let pool2 = ThreadPool::new(2);
-    // The integer section's runners hold their pool for the program's life.
-    let pool_i16: &'static ThreadPool = Box::leak(Box::new(ThreadPool::new(2)));
     println!();
     println!("GEMM C[m×n] = A[m×k]·B[k×n] (B packed once), best of interleaved runs:");
     println!(
@@ -345,20 +364,11 @@ fn main() {
         let mut pb16 = vec![0i16; kiln_kernels::gemm::packed_b_i16_len(k, n)];
         kiln_kernels::gemm::pack_b_i16_into(&w, k, n, 1, k, &mut pb16).expect("pack i16");
         let flops = 2.0 * (m * n * k) as f64;
-        let i16_runner = |vnni: bool, pool: Option<&'static ThreadPool>| {
-            let mut c = vec![0.0f32; m * n];
-            let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
-            let (a, pb16) = (&a, &pb16);
-            move || {
-                kiln_kernels::gemm::gemm_i16_variant(m, k, n, a, k, pb16, &mut c, n, false, &EpilogueRef::default(), &mut scratch, pool, isa, vnni)
-                    .expect("gemm_i16");
-                black_box(&c);
-            }
-        };
+        let i16_runner = |vnni, pool| gemm_i16_runner(m, k, n, &a, &pb16, pool, isa, vnni);
         let (mut f1, mut v1) = (gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), None, isa, Split::Auto), i16_runner(true, None));
         let t1 = best_of(min_time, &mut [&mut f1, &mut v1]);
-        let mut f2 = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), Some(pool_i16), isa, Split::Auto);
-        let (mut v2, mut p2) = (i16_runner(true, Some(pool_i16)), i16_runner(false, Some(pool_i16)));
+        let mut f2 = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), Some(&pool2), isa, Split::Auto);
+        let (mut v2, mut p2) = (i16_runner(true, Some(&pool2)), i16_runner(false, Some(&pool2)));
         let t2 = best_of(min_time, &mut [&mut f2, &mut v2, &mut p2]);
         let g = |t: f64| flops / t / 1e9;
         println!(

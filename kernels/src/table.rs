@@ -36,15 +36,16 @@ use std::mem::offset_of;
 /// 5: the `gemm_i16` entry (integer operands, exact sums).
 pub const KERNEL_ABI_VERSION: u32 = 5;
 
-/// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
-pub type GemmFn = unsafe extern "C" fn(
+/// A GEMM entry whose packed B holds `B` elements: `(table, m, n, k, a, lda, b_packed, c, ldc,
+/// accumulate, epilogue, scratch, scratch_len) -> status`.
+pub type GemmFnOf<B> = unsafe extern "C" fn(
     *const KernelTable,
     usize,
     usize,
     usize,
     *const f32,
     usize,
-    *const f32,
+    *const B,
     *mut f32,
     usize,
     usize,
@@ -52,23 +53,11 @@ pub type GemmFn = unsafe extern "C" fn(
     *mut f32,
     usize,
 ) -> i32;
+/// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
+pub type GemmFn = GemmFnOf<f32>;
 /// `gemm_i16`: [`GemmFn`]'s arguments with B packed by [`crate::gemm::pack_b_i16_into`], see
 /// [`raw_gemm_i16`].
-pub type GemmI16Fn = unsafe extern "C" fn(
-    *const KernelTable,
-    usize,
-    usize,
-    usize,
-    *const f32,
-    usize,
-    *const i16,
-    *mut f32,
-    usize,
-    usize,
-    *const Epilogue,
-    *mut f32,
-    usize,
-) -> i32;
+pub type GemmI16Fn = GemmFnOf<i16>;
 /// `gemm_batched_f32(table, args)`.
 pub type BatchedGemmFn = unsafe extern "C" fn(*const KernelTable, *const BatchedGemmArgs) -> i32;
 /// `attention_f32(table, args)`.

@@ -253,20 +253,7 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, _co
                         _mm256_loadu_ps(a.add((s + 4) * lda + p)),
                         _mm256_loadu_ps(a.add((s + 5) * lda + p)),
                     ];
-                    // c[q] = column q = (r0[q], …, r5[q], 0, 0).
-                    let z = _mm256_setzero_ps();
-                    let c = transpose8([r[0], r[1], r[2], r[3], r[4], r[5], z, z]);
-                    // Column q goes to d[6q..6q+6]. An 8-float store also writes two floats of
-                    // column q+1's slot, which the next store overwrites; the last column is
-                    // stored as 4 + 2 floats so nothing past the 48-float block is written.
-                    for (q, cq) in c.iter().enumerate().take(7) {
-                        _mm256_storeu_ps(d.add(q * MR), *cq);
-                    }
-                    _mm_storeu_ps(d.add(7 * MR), _mm256_castps256_ps128(c[7]));
-                    _mm_storel_epi64(
-                        d.add(7 * MR + 4).cast(),
-                        _mm_castps_si128(_mm256_extractf128_ps::<1>(c[7])),
-                    );
+                    store_strip_columns(r, d);
                     d = d.add(8 * MR);
                 }
                 p += 8;
@@ -289,13 +276,36 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, _co
     }
 }
 
+/// Writes 8 columns of a 6-row strip, given as its rows `r` (8 values each), as 8 groups of 6
+/// at `d` (k-major: column q at d[6q..6q+6]): transposed in registers, then stored. An 8-float
+/// store also writes two floats of column q+1's group, which the next store overwrites; the last
+/// column is stored as 4 + 2 floats so nothing past the 48-float block is written. The f32
+/// A packing and the i16 one (whose values are pairs in f32 bits) share it.
+///
+/// # Safety
+/// AVX present (inlined into the AVX2 callers); `d` writable for 48 floats.
+#[inline(always)]
+pub(super) unsafe fn store_strip_columns(r: [__m256; MR], d: *mut f32) {
+    // SAFETY: the caller's contract; the stores cover d[0..48].
+    unsafe {
+        // c[q] = column q = (r0[q], …, r5[q], 0, 0).
+        let z = _mm256_setzero_ps();
+        let c = transpose8([r[0], r[1], r[2], r[3], r[4], r[5], z, z]);
+        for (q, cq) in c.iter().enumerate().take(7) {
+            _mm256_storeu_ps(d.add(q * MR), *cq);
+        }
+        _mm_storeu_ps(d.add(7 * MR), _mm256_castps256_ps128(c[7]));
+        _mm_storel_epi64(d.add(7 * MR + 4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(c[7])));
+    }
+}
+
 /// The 8×8 transpose of eight row vectors: `c[q][i] = r[i][q]` (unpack, shuffle, then 128-bit
 /// lane permutes: 24 shuffles, no memory).
 ///
 /// # Safety
 /// AVX present (inlined into the AVX2 callers).
 #[inline(always)]
-pub(super) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     // SAFETY: register-only AVX shuffles; the caller's contract puts AVX present.
     unsafe {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);

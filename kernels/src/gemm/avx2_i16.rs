@@ -2,7 +2,7 @@
 //! that converts f32 to them. `Arch::for_isa_i16` hands them out only after runtime detection.
 
 use super::avx2::{store_tile, NV};
-use super::int16::{slot, to_i16};
+use super::int16::row_slot;
 use super::*;
 use std::arch::x86_64::*;
 
@@ -117,8 +117,8 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
 /// Packs mc rows × `cols` columns of f32 A into MR-row strips of kc slots, as
 /// `int16::pack_a` (the same values: `cvtps2dq` rounds to nearest even and gives i32::MIN for
 /// NaN and out-of-range values, `packssdw` saturates). A full strip goes 16 columns (8 slots)
-/// of its 6 rows at a time: converted, packed to pairs, and transposed in registers as the f32
-/// `avx2::pack_a` does, so the 6 slots of each pair index are stored together.
+/// of its 6 rows at a time: converted, packed to pairs, and stored as the f32 `avx2::pack_a`
+/// stores its columns (`avx2::store_strip_columns`), the 6 slots of each pair index together.
 ///
 /// # Safety
 /// AVX2 present; as `int16::pack_a`.
@@ -136,25 +136,17 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
                 // the strip (48 written, the last group's two extra lanes kept inside below).
                 unsafe {
                     let pairs = |i: usize| sixteen_to_pairs(a.add((s + i) * lda + 2 * q));
-                    let z = _mm256_setzero_ps();
-                    let c = super::avx2::transpose8([pairs(0), pairs(1), pairs(2), pairs(3), pairs(4), pairs(5), z, z]);
-                    let o = sd.add(q * MR).cast::<f32>();
-                    for (j, cj) in c.iter().enumerate().take(7) {
-                        _mm256_storeu_ps(o.add(j * MR), *cj);
-                    }
-                    _mm_storeu_ps(o.add(7 * MR), _mm256_castps256_ps128(c[7]));
-                    _mm_storel_epi64(o.add(7 * MR + 4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(c[7])));
+                    let rows = [pairs(0), pairs(1), pairs(2), pairs(3), pairs(4), pairs(5)];
+                    super::avx2::store_strip_columns(rows, sd.add(q * MR).cast::<f32>());
                 }
                 q += 8;
             }
         }
         while q < kc {
             for i in 0..MR {
-                // SAFETY: columns read only below `cols` of a row < mc; slot q < kc of row i.
-                unsafe {
-                    let at = |p: usize| if i < mr && p < cols { to_i16(*a.add((s + i) * lda + p)) } else { 0 };
-                    *sd.add(q * MR + i) = slot(at(2 * q), at(2 * q + 1));
-                }
+                let row = (i < mr).then(|| a.wrapping_add((s + i) * lda));
+                // SAFETY: row s + i < mc holds `cols` floats; slot q < kc of row i.
+                unsafe { *sd.add(q * MR + i) = row_slot(row, cols, q) };
             }
             q += 1;
         }

@@ -176,17 +176,34 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
         p += 1;
     }
     // SAFETY: forwarded.
-    // The erf GELU's tiles get an instance of their own, the activation a constant there: LLVM
-    // then keeps the GELU's ten table rows in registers across the tile's rows instead of
-    // reloading them per vector (gemm_bench 128×384·384×1536 + bias+GELU, 1 thread, Zen 4:
-    // +5.8–5.9% over the plain GEMM with the activation read at run time, +5.1–5.3% with it).
+    unsafe { store_tile(acc, c, ldc, alpha, beta, mr, nr, if POST { post } else { None }) }
+}
+
+/// [`store_rows`] of a finished tile. The erf GELU's tiles get an instance of their own, the
+/// activation a constant there: LLVM then keeps the GELU's ten table rows in registers across
+/// the tile's rows instead of reloading them per vector (gemm_bench 128×384·384×1536 +
+/// bias+GELU, 1 thread, Zen 4: +5.8–5.9% over the plain GEMM with the activation read at run
+/// time, +5.1–5.3% with it). The f32 tile and the i16 one store through it.
+///
+/// # Safety
+/// As [`store_rows`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn store_tile<const R: usize, const P: usize>(
+    acc: [[__m512; P]; R],
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    post: Option<TilePost>,
+) {
     // SAFETY: forwarded.
     unsafe {
         match post {
-            Some(t) if POST && t.act == Activation::GeluErf => {
-                store_rows::<R, P, true>(acc, c, ldc, alpha, beta, mr, nr, post)
-            }
-            _ => store_rows::<R, P, false>(acc, c, ldc, alpha, beta, mr, nr, if POST { post } else { None }),
+            Some(t) if t.act == Activation::GeluErf => store_rows::<R, P, true>(acc, c, ldc, alpha, beta, mr, nr, post),
+            _ => store_rows::<R, P, false>(acc, c, ldc, alpha, beta, mr, nr, post),
         }
     }
 }
@@ -198,7 +215,7 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
 /// rows of nr floats at stride ldc; `post`'s operands cover them.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn store_rows<const R: usize, const P: usize, const GELU: bool>(
+unsafe fn store_rows<const R: usize, const P: usize, const GELU: bool>(
     acc: [[__m512; P]; R],
     c: *mut f32,
     ldc: usize,

@@ -1,9 +1,8 @@
 //! The AVX-512BW tile of the i16 GEMM (see `int16`): 12×32 over i16 pairs, the AVX-512 f32
 //! tile's shape and store. `Arch::for_isa_i16` hands it out only after runtime detection.
 
-use super::avx512::store_rows;
+use super::avx512::store_tile;
 use super::*;
-use crate::math::Activation;
 use std::arch::x86_64::*;
 
 /// The wide tile: with AVX512-VNNI (`vpdpwssd`) where `vnni`, else `vpmaddwd` + `vpaddd` (the
@@ -86,7 +85,7 @@ wide_entry!(wide_vnni, "avx512f,avx512bw,avx512vnni,avx2,fma", true);
 
 /// R ≤ 12 rows (rows < 6 from the first strip) × P panels: per k pair P loads of B, R
 /// broadcasts of A's slots, R·P multiply-adds of pairs into i32 accumulators; then i32 → f32
-/// and the f32 tile's store (`avx512::store_rows`, its erf-GELU instance included).
+/// and the f32 tile's store (`avx512::store_tile`, its erf-GELU instance included).
 ///
 /// # Safety
 /// See `wide_plain`; inlined into an entry with the instructions it uses enabled.
@@ -145,9 +144,6 @@ unsafe fn tile<const R: usize, const P: usize, const VNNI: bool>(
                 *x = _mm512_cvtepi32_ps(v);
             }
         }
-        match post {
-            Some(t) if t.act == Activation::GeluErf => store_rows::<R, P, true>(accf, c, ldc, alpha, beta, mr, nr, post),
-            _ => store_rows::<R, P, false>(accf, c, ldc, alpha, beta, mr, nr, post),
-        }
+        store_tile(accf, c, ldc, alpha, beta, mr, nr, post)
     }
 }

@@ -89,7 +89,7 @@ pub fn pack_b_i16_into(
 /// `x` as the packed A holds it: nearest integer (ties to even), saturated to i16, NaN and
 /// |x| ≥ 2^31 to -32768 (what `cvtps2dq` then `packssdw` give, so every path packs the same).
 #[inline]
-pub(super) fn to_i16(x: f32) -> i16 {
+fn to_i16(x: f32) -> i16 {
     if x.is_nan() || x.abs() >= 2147483648.0 {
         return i16::MIN;
     }
@@ -98,8 +98,20 @@ pub(super) fn to_i16(x: f32) -> i16 {
 
 /// One slot: the i16 pair (lo, hi) as one 32-bit lane.
 #[inline]
-pub(super) fn slot(lo: i16, hi: i16) -> i32 {
+fn slot(lo: i16, hi: i16) -> i32 {
     (lo as u16 as u32 | ((hi as u16 as u32) << 16)) as i32
+}
+
+/// Slot q of a row of A (`row`: its first float, `None` for a padding row): columns 2q and
+/// 2q + 1 by [`to_i16`], zero at and past `cols`.
+///
+/// # Safety
+/// `row` readable for `cols` floats.
+#[inline]
+pub(super) unsafe fn row_slot(row: Option<*const f32>, cols: usize, q: usize) -> i32 {
+    // SAFETY: read only below `cols`.
+    let at = |p: usize| row.filter(|_| p < cols).map_or(0, |r| to_i16(unsafe { *r.add(p) }));
+    slot(at(2 * q), at(2 * q + 1))
 }
 
 /// Packs mc rows × `cols` columns of f32 A into MR-row strips of kc slots (kc ≥ cols/2),
@@ -114,12 +126,9 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
         let mr = MR.min(mc - s);
         for q in 0..kc {
             for i in 0..MR {
-                // SAFETY: row s + i < mc, columns 2q, 2q+1 read only below `cols`; the slot
-                // lies in strip si.
-                unsafe {
-                    let at = |p: usize| if i < mr && p < cols { to_i16(*a.add((s + i) * lda + p)) } else { 0 };
-                    *d.add(si * MR * kc + q * MR + i) = slot(at(2 * q), at(2 * q + 1));
-                }
+                let row = (i < mr).then(|| a.wrapping_add((s + i) * lda));
+                // SAFETY: row s + i < mc holds `cols` floats; the slot lies in strip si.
+                unsafe { *d.add(si * MR * kc + q * MR + i) = row_slot(row, cols, q) };
             }
         }
     }
@@ -167,55 +176,28 @@ pub(super) unsafe fn kernel(
 }
 
 impl Arch {
-    /// The i16 GEMM's kernels for `isa`: AVX-512BW's 12×32 tile (with VNNI where present and
+    /// The i16 GEMM's kernels for `isa`: the f32 arch of that ISA (its epilogue, for k = 0)
+    /// with the i16 tiles and A packing — AVX-512BW's 12×32 tile (with VNNI where present and
     /// `vnni`), the AVX2 6×16 tile (with AVX-VNNI where present and `vnni`), or the portable one.
     pub(crate) fn for_isa_i16(isa: Isa, vnni: bool) -> Arch {
-        let portable = Arch {
-            kernel,
-            pack_a,
-            epilogue: scalar::epilogue,
-            wide: None,
-            slot_cols: 2,
-            whole_k: true,
-        };
+        let portable = Arch { kernel, pack_a, wide: None, slot_cols: 2, whole_k: true, ..Arch::for_isa(isa) };
         #[cfg(target_arch = "x86_64")]
         {
             // Probed here, not in `kiln_format::features`: only this dispatch uses them (the
             // generated code never does), and std caches the answers.
             macro_rules! has {
                 ($f:tt) => {
-                    std::arch::is_x86_feature_detected!($f)
+                    vnni && std::arch::is_x86_feature_detected!($f)
                 };
             }
-            let f32_arch = Arch::for_isa(isa);
-            match effective_isa(isa) {
-                Isa::Avx512 if has!("avx512bw") => Arch {
-                    kernel: avx2_i16::kernel_for(vnni && has!("avxvnni")),
-                    pack_a: avx2_i16::pack_a,
-                    wide: Some(avx512_i16::wide_for(vnni && has!("avx512vnni"))),
-                    ..f32_arch
-                }
-                .i16(),
-                Isa::Avx512 | Isa::Avx2Fma => Arch {
-                    kernel: avx2_i16::kernel_for(vnni && has!("avxvnni")),
-                    pack_a: avx2_i16::pack_a,
-                    wide: None,
-                    epilogue: Arch::for_isa(Isa::Avx2Fma).epilogue,
-                    ..f32_arch
-                }
-                .i16(),
-                Isa::Scalar => portable,
+            let isa = effective_isa(isa);
+            if isa.has_avx2() {
+                let wide = (isa == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bw")).then(|| avx512_i16::wide_for(has!("avx512vnni")));
+                return Arch { kernel: avx2_i16::kernel_for(has!("avxvnni")), pack_a: avx2_i16::pack_a, wide, ..portable };
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (isa, vnni);
-            portable
-        }
-    }
-
-    fn i16(self) -> Arch {
-        Arch { slot_cols: 2, whole_k: true, ..self }
+        let _ = vnni;
+        portable
     }
 }
 
@@ -263,22 +245,7 @@ pub fn gemm_i16_variant(
     isa: Isa,
     vnni: bool,
 ) -> Result<(), KernelError> {
-    check_len("a", a.len(), span("a", m, k, lda)?)?;
-    check_len("packed b", b_packed.len(), packed_b_i16_len(k, n))?;
-    check_len("c", c.len(), span("c", m, n, ldc)?)?;
-    let d = GemmDesc {
-        m,
-        n,
-        k,
-        a: a.as_ptr(),
-        lda,
-        b: b_packed.as_ptr().cast(),
-        c: c.as_mut_ptr(),
-        ldc,
-        accumulate,
-        epi: epi.to_raw(m, n)?,
-        act: epi.activation,
-    };
+    let d = desc(m, k, n, a, lda, b_packed, packed_b_i16_len(k, n), c, ldc, accumulate, epi)?;
     // SAFETY: every operand extent checked above; scratch is a distinct &mut borrow.
     unsafe { gemm_i16_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, vnni) }
 }

@@ -90,22 +90,24 @@ pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant, pack_b
 pub(crate) use split::{gemm_raw, gemm_raw_with};
 pub use split::Split;
 
-/// Validates a safe-API GEMM and builds its raw description.
+/// Validates a safe-API GEMM and builds its raw description; `b` is packed B (f32, or i16
+/// pairs for the integer GEMM) of at least `b_len` elements.
 #[allow(clippy::too_many_arguments)]
-fn desc(
+fn desc<B>(
     m: usize,
     k: usize,
     n: usize,
     a: &[f32],
     lda: usize,
-    b: &[f32],
+    b: &[B],
+    b_len: usize,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
     epi: &EpilogueRef<'_>,
 ) -> Result<GemmDesc, KernelError> {
     check_len("a", a.len(), span("a", m, k, lda)?)?;
-    check_len("packed b", b.len(), packed_b_len(k, n))?;
+    check_len("packed b", b.len(), b_len)?;
     check_len("c", c.len(), span("c", m, n, ldc)?)?;
     let e = epi.to_raw(m, n)?;
     Ok(GemmDesc {
@@ -114,7 +116,7 @@ fn desc(
         k,
         a: a.as_ptr(),
         lda,
-        b: b.as_ptr(),
+        b: b.as_ptr().cast(),
         c: c.as_mut_ptr(),
         ldc,
         accumulate,
@@ -213,7 +215,7 @@ pub fn gemm_split(
     isa: Isa,
     split: Split,
 ) -> Result<(), KernelError> {
-    let d = desc(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi)?;
+    let d = desc(m, k, n, a, lda, b_packed, packed_b_len(k, n), c, ldc, accumulate, epi)?;
     // SAFETY: desc checked every operand extent; scratch is a distinct &mut borrow.
     unsafe { gemm_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, split) }
 }

@@ -5,6 +5,7 @@
 //! shared by several buckets' plans (every linear layer's packed weight) is prepared once, at
 //! the first upload or lowering that needs it, and never per run.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use crate::dtype::{HostTensor, TensorData};
@@ -48,6 +49,21 @@ fn host_ptr(t: &HostTensor) -> *const u8 {
         TensorData::BF16(v) => v.as_ptr().cast(),
         TensorData::I64(v) => v.as_ptr().cast(),
         TensorData::I32(v) => v.as_ptr().cast(),
+    }
+}
+
+/// A tensor's values as f32: borrowed where it holds f32, converted otherwise.
+fn f32_values(t: &HostTensor) -> Cow<'_, [f32]> {
+    t.as_f32().map_or_else(|| Cow::Owned(t.to_f32_vec()), Cow::Borrowed)
+}
+
+/// The storage a packed-B view indexes: the checkpoint tensor, or (`transposed`) its
+/// transpose, row-major `[c, r]` of the slot's `[r, c]`.
+fn view_storage<'a>(ckpt: &'a [f32], slot: &WeightSlot, transposed: bool) -> Cow<'a, [f32]> {
+    if transposed {
+        Cow::Owned(transpose(ckpt, slot.shape[0], slot.shape[1]))
+    } else {
+        Cow::Borrowed(ckpt)
     }
 }
 
@@ -194,14 +210,7 @@ impl CpuWeights {
             }
             WeightPrep::PackedB { transposed, offset, k, n, row_stride, col_stride } => {
                 let (k, n, rs, cs, offset) = (*k, *n, *row_stride, *col_stride, *offset);
-                let owned;
-                let ckpt: &[f32] = match t.as_f32() {
-                    Some(v) => v,
-                    None => {
-                        owned = t.to_f32_vec();
-                        &owned
-                    }
-                };
+                let ckpt = f32_values(t);
                 let len = kiln_kernels::gemm::packed_b_len(k, n);
                 let mut a = Aligned::zeroed(len * 4)?;
                 let dst = a.as_mut_f32();
@@ -209,15 +218,9 @@ impl CpuWeights {
                     Ok(())
                 } else if *transposed && offset == 0 && cs == 1 && rs == slot.shape[0] && k <= slot.shape[1] && n <= slot.shape[0] {
                     // Storage = checkpoint [r, c] transposed: B(p, j) = storage[p·r + j] = ckpt[j·c + p].
-                    kiln_kernels::gemm::pack_b_into(ckpt, k, n, slot.shape[1], true, dst)
+                    kiln_kernels::gemm::pack_b_into(&ckpt, k, n, slot.shape[1], true, dst)
                 } else {
-                    let tr;
-                    let storage: &[f32] = if *transposed {
-                        tr = transpose(ckpt, slot.shape[0], slot.shape[1]);
-                        &tr
-                    } else {
-                        ckpt
-                    };
+                    let storage = view_storage(&ckpt, slot, *transposed);
                     let src = &storage[offset.min(storage.len())..];
                     if cs == 1 && (k == 1 || rs >= n) {
                         kiln_kernels::gemm::pack_b_into(src, k, n, if k == 1 { n } else { rs }, false, dst)
@@ -237,8 +240,8 @@ impl CpuWeights {
                 Ok(Prepared::Owned(a))
             }
             WeightPrep::PackedBI16 { transposed, offset, k, n, row_stride, col_stride, max_abs } => {
-                let ckpt = t.to_f32_vec();
-                let storage = if *transposed { transpose(&ckpt, slot.shape[0], slot.shape[1]) } else { ckpt };
+                let ckpt = f32_values(t);
+                let storage = view_storage(&ckpt, slot, *transposed);
                 let src = &storage[(*offset).min(storage.len())..];
                 let len = kiln_kernels::gemm::packed_b_i16_len(*k, *n);
                 let mut a = Aligned::zeroed(len * 2)?;

@@ -28,39 +28,28 @@ use super::emit::{mf, Fx};
 use super::expr::emit_expr;
 use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, BufferView};
 
-// The calls below are emitted for these exact entry signatures: a change in kiln-kernels must
-// fail to compile here rather than be called with the wrong arguments.
+// The calls below are emitted for these exact entry signatures (written out here, not taken
+// from kiln-kernels' `GemmFnOf`): a change in kiln-kernels must fail to compile here rather than
+// be called with the wrong arguments. B's element is f32 (`gemm_f32`) or i16 (`gemm_i16`).
+type EmittedGemm<B> = unsafe extern "C" fn(
+    *const KernelTable,
+    usize,
+    usize,
+    usize,
+    *const f32,
+    usize,
+    *const B,
+    *mut f32,
+    usize,
+    usize,
+    *const kiln_kernels::gemm::Epilogue,
+    *mut f32,
+    usize,
+) -> i32;
+const _: EmittedGemm<f32> = kiln_kernels::table::raw_gemm_f32;
+const _: EmittedGemm<i16> = kiln_kernels::table::raw_gemm_i16;
 const _: kiln_kernels::table::GemmFn = kiln_kernels::table::raw_gemm_f32;
-const _: unsafe extern "C" fn(
-    *const KernelTable,
-    usize,
-    usize,
-    usize,
-    *const f32,
-    usize,
-    *const f32,
-    *mut f32,
-    usize,
-    usize,
-    *const kiln_kernels::gemm::Epilogue,
-    *mut f32,
-    usize,
-) -> i32 = kiln_kernels::table::raw_gemm_f32;
-const _: unsafe extern "C" fn(
-    *const KernelTable,
-    usize,
-    usize,
-    usize,
-    *const f32,
-    usize,
-    *const i16,
-    *mut f32,
-    usize,
-    usize,
-    *const kiln_kernels::gemm::Epilogue,
-    *mut f32,
-    usize,
-) -> i32 = kiln_kernels::table::raw_gemm_i16;
+const _: kiln_kernels::table::GemmI16Fn = kiln_kernels::table::raw_gemm_i16;
 const _: unsafe extern "C" fn(*const f32, usize, usize, usize, usize, *mut f32) = kiln_kernels::table::raw_pack_b_f32;
 const _: () = assert!(std::mem::size_of::<kiln_kernels::gemm::Epilogue>() == 32);
 const _: () = assert!(std::mem::offset_of!(kiln_kernels::gemm::Epilogue, bias) == 0);
