@@ -267,6 +267,57 @@ fn unfusable_epilogue_runs_unfused() {
     check("unfused", &g, Bucket::new(7, 1), 1e-4);
 }
 
+/// Unfused epilogues on two threads: the GEMM's own tasks each run their rows (many row strips),
+/// their column panels (few), or their batch entries (a batched GEMM), and the elementwise pass
+/// over exactly that part. Against the reference on 1 and 2 threads, bit for bit between the two,
+/// and with the 2-thread kernel really in 2 tasks (a one-task kernel runs its pass on one thread).
+#[test]
+fn unfused_epilogues_split_with_their_gemm() {
+    // `(x·W)² + d`: the square maps onto no microkernel epilogue.
+    let linear = |k: usize, n: usize| {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![Dim::Batch, Dim::Seq, f(k)], InputRole::Other).unwrap();
+        let d = b.input("d", DType::F32, vec![Dim::Batch, Dim::Seq, f(n)], InputRole::Other).unwrap();
+        let w = b.weight("w", DType::F32, &[k, n]).unwrap();
+        let y = b.matmul(x, w).unwrap();
+        let y = b.mul(y, y).unwrap();
+        let y = b.add(y, d).unwrap();
+        b.output("y", y);
+        b.finish().unwrap()
+    };
+    // Scores of 2 × 3 heads, squared.
+    let batched = {
+        let mut b = GraphBuilder::new();
+        let q = b.input("q", DType::F32, vec![Dim::Batch, f(3), Dim::Seq, f(64)], InputRole::Other).unwrap();
+        let k = b.input("k", DType::F32, vec![Dim::Batch, f(3), Dim::Seq, f(64)], InputRole::Other).unwrap();
+        let s = b.matmul_t(q, k, false, true).unwrap();
+        let s = b.mul(s, s).unwrap();
+        b.output("s", s);
+        b.finish().unwrap()
+    };
+    // m = 96 rows (16 strips) × 40 columns (3 panels): rows; m = 12 (2 strips) × 200 (13
+    // panels): panels; 2·3 heads of 64×64·64×64: batch entries.
+    let cases = [("rows", linear(64, 40), Bucket::new(2, 48)), ("panels", linear(64, 200), Bucket::new(1, 12)), ("batch", batched, Bucket::new(2, 64))];
+    for (name, g, bucket) in cases {
+        check(name, &g, bucket, 1e-5);
+        let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+        let (c, _) = be.compile(&g, bucket, false).unwrap();
+        assert!(c.image.steps.iter().any(|s| s.tasks == 2), "{name}: no kernel in 2 tasks: {:?}", c.image.steps);
+        let mut rng = Rng::new(5);
+        let weights = random_weights(&g, &mut rng);
+        let inputs = random_inputs(&g, bucket, &mut rng);
+        let run = |threads| {
+            let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
+            let w = be.upload(&weights, &g).unwrap();
+            let mut plan = be.lower(&w, &g, bucket).unwrap();
+            let mut out = Outputs::for_bucket(&g, bucket);
+            be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
+            out.tensors[0].to_f32_vec().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        assert_eq!(run(Threads::Single), run(Threads::Count(2)), "{name}: 1 and 2 threads differ");
+    }
+}
+
 #[test]
 fn attention_heads() {
     let mut b = GraphBuilder::new();

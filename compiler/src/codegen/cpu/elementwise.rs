@@ -59,14 +59,44 @@ pub(crate) enum MapBody<'b> {
     IntCopy,
 }
 
-/// Emits `out[i] = body(in_0[i], .., in_{n-1}[i])` over `shape`; `views` = inputs then the output.
-/// Each input element is read before the output element at the same index is written.
-pub(crate) fn emit_map(fx: &mut Fx, shape: &[usize], views: &[MapView], split: bool, mut body: MapBody) {
+/// Which part of a map's iteration space the running task covers.
+#[derive(Clone, Copy)]
+pub(crate) enum Part {
+    /// All of it (a one-task kernel, or one that splits elsewhere).
+    All,
+    /// An equal share of the outermost coalesced dim per task.
+    Split,
+    /// Rows `lo..hi` of a 2-D shape (its dims are then not coalesced).
+    Rows(Value, Value),
+    /// Columns `lo..hi` of a 2-D shape (likewise).
+    Cols(Value, Value),
+}
+
+impl Part {
+    pub(crate) fn split_if(split: bool) -> Part {
+        if split {
+            Part::Split
+        } else {
+            Part::All
+        }
+    }
+}
+
+/// Emits `out[i] = body(in_0[i], .., in_{n-1}[i])` over `shape` (the `part` of it this task runs);
+/// `views` = inputs then the output. Each input element is read before the output element at the
+/// same index is written.
+pub(crate) fn emit_map(fx: &mut Fx, shape: &[usize], views: &[MapView], part: Part, mut body: MapBody) {
     if shape.contains(&0) {
         return;
     }
     let strides: Vec<Vec<i64>> = views.iter().map(|v| v.strides.clone()).collect();
-    let (mut dims, mut st) = coalesce(shape, &strides);
+    let (mut dims, mut st) = match part {
+        Part::All | Part::Split => coalesce(shape, &strides),
+        Part::Rows(..) | Part::Cols(..) => {
+            assert_eq!(shape.len(), 2, "a row or column part of a 2-D map");
+            (shape.to_vec(), strides)
+        }
+    };
     if dims.is_empty() {
         dims.push(1);
         for s in st.iter_mut() {
@@ -90,12 +120,12 @@ pub(crate) fn emit_map(fx: &mut Fx, shape: &[usize], views: &[MapView], split: b
     let outer_bytes: Vec<Vec<i64>> = bytes.iter().map(|b| b[..r - 1].to_vec()).collect();
     let dtypes: Vec<DType> = views.iter().map(|v| v.dtype).collect();
 
-    let (outer_range, inner_range) = if !split {
-        (None, None)
-    } else if r == 1 {
-        (None, Some(fx.task_range(inner_n, if vec { 4 } else { 1 })))
-    } else {
-        (Some(fx.task_range(dims[0], 1)), None)
+    let (outer_range, inner_range) = match part {
+        Part::All => (None, None),
+        Part::Split if r == 1 => (None, Some(fx.task_range(inner_n, if vec { 4 } else { 1 }))),
+        Part::Split => (Some(fx.task_range(dims[0], 1)), None),
+        Part::Rows(lo, hi) => (Some((lo, hi)), None),
+        Part::Cols(lo, hi) => (None, Some((lo, hi))),
     };
     let outer_dims = dims[..r - 1].to_vec();
     fx.nest(&outer_dims, &ptrs, &outer_bytes, outer_range, &mut |fx, p| {
@@ -186,7 +216,7 @@ pub(crate) fn emit_elementwise(fx: &mut Fx, k: &Kernel, expr: &Expr) -> u32 {
     let tasks = tasks_for(fx.env.threads, n, 1 << 15);
     let int_copy = expr.as_copy().is_some() && views[0].dtype.is_int() && views[1].dtype.is_int();
     if int_copy {
-        emit_map(fx, &k.output.shape, &views, tasks > 1, MapBody::IntCopy);
+        emit_map(fx, &k.output.shape, &views, Part::split_if(tasks > 1), MapBody::IntCopy);
         return tasks;
     }
     let ninputs = k.inputs.len();
@@ -197,7 +227,7 @@ pub(crate) fn emit_elementwise(fx: &mut Fx, k: &Kernel, expr: &Expr) -> u32 {
         }
         emit_expr(fx, expr, w, &by_input, None)
     };
-    emit_map(fx, &k.output.shape, &views, tasks > 1, MapBody::Float(&mut f));
+    emit_map(fx, &k.output.shape, &views, Part::split_if(tasks > 1), MapBody::Float(&mut f));
     tasks
 }
 
@@ -215,7 +245,7 @@ pub(crate) fn emit_concat(fx: &mut Fx, k: &Kernel, axis: usize) -> u32 {
         } else {
             MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0])
         };
-        emit_map(fx, &t.shape, &views, tasks > 1, body);
+        emit_map(fx, &t.shape, &views, Part::split_if(tasks > 1), body);
     }
     tasks
 }
@@ -225,7 +255,7 @@ pub(crate) fn materialize(fx: &mut Fx, t: &BufferView, dst: Value) {
     let src = map_view(fx, t);
     let dense = crate::kernel_ir::dense_strides(&t.shape);
     let out = MapView { ptr: dst, strides: dense.iter().map(|&s| s as i64).collect(), dtype: DType::F32 };
-    emit_map(fx, &t.shape, &[src, out], false, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
+    emit_map(fx, &t.shape, &[src, out], Part::All, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
 }
 
 /// Copies dense f32 at `src` (shape of `t`) into view `t` (converting to its dtype).
@@ -233,5 +263,5 @@ pub(crate) fn store_dense(fx: &mut Fx, src: Value, t: &BufferView) {
     let dense = crate::kernel_ir::dense_strides(&t.shape);
     let s = MapView { ptr: src, strides: dense.iter().map(|&s| s as i64).collect(), dtype: DType::F32 };
     let d = map_view(fx, t);
-    emit_map(fx, &t.shape, &[s, d], false, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
+    emit_map(fx, &t.shape, &[s, d], Part::All, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
 }

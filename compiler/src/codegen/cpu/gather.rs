@@ -4,7 +4,7 @@
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 
-use super::elementwise::{coalesce, emit_map, tasks_for, MapBody, MapView};
+use super::elementwise::{coalesce, emit_map, tasks_for, MapBody, MapView, Part};
 use super::emit::Fx;
 use crate::kernel_ir::Kernel;
 
@@ -46,7 +46,7 @@ pub(crate) fn emit_gather(fx: &mut Fx, k: &Kernel) -> u32 {
             MapView { ptr: p[1], strides: vec![o_cs], dtype: out_dt },
         ];
         let body = if int { MapBody::IntCopy } else { MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]) };
-        emit_map(fx, &[cols], &views, false, body);
+        emit_map(fx, &[cols], &views, Part::All, body);
     });
     tasks
 }

@@ -23,7 +23,7 @@ use kiln_kernels::table::KernelTable;
 use kiln_runtime::graph::{BinaryOp, UnaryOp};
 use kiln_runtime::DType;
 
-use super::elementwise::{coalesce, emit_map, MapBody, MapView};
+use super::elementwise::{coalesce, emit_map, MapBody, MapView, Part};
 use super::emit::{mf, Fx};
 use super::expr::emit_expr;
 use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, BufferView};
@@ -327,7 +327,7 @@ fn copy_dense(fx: &mut Fx, src: Value, dt: DType, rows: usize, cols: usize, rs: 
         MapView { ptr: src, strides: vec![rs as i64, cs as i64], dtype: dt },
         MapView { ptr: dst, strides: vec![cols as i64, 1], dtype: DType::F32 },
     ];
-    emit_map(fx, &[rows, cols], &views, false, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
+    emit_map(fx, &[rows, cols], &views, Part::All, MapBody::Float(&mut |_fx: &mut Fx, v: &[Value], _w| v[0]));
 }
 
 /// Emits a GEMM kernel. Returns its task count (1: the table's GEMM uses the pool itself).
@@ -385,15 +385,6 @@ pub(crate) fn emit_gemm(
     let int16 = packed_slot.is_some_and(|s| matches!(fx.env.layout.slots[s].prep, WeightPrep::PackedBI16 { .. }));
     let scratch_len = |threads: usize| if int16 { gemm_i16_scratch_len(m, kk, threads) } else { gemm_scratch_len(m, n, kk, threads) };
 
-    // Scratch.
-    let threads = fx.env.threads.max(1);
-    let apack_floats = scratch_len(threads);
-    let apack_off = fx.claim_scratch(apack_floats * 4);
-    let bpack_off = if packed_slot.is_none() { Some(fx.claim_scratch(packed_b_len(kk, n) * 4)) } else { None };
-    let adense_off = if lda_direct.is_none() { Some(fx.claim_scratch(m * kk * 4)) } else { None };
-    let bdense_off = if packed_slot.is_none() && b_pack.is_none() { Some(fx.claim_scratch(kk * n * 4)) } else { None };
-    let ctmp_off = if fused.is_none() { Some(fx.claim_scratch(m * n * 4)) } else { None };
-
     // The epilogue struct: bias 0, residual 8, residual_stride 16, activation 24, scale 28.
     let slot = fx.stack(32);
     let epi = fx.stack_addr(slot);
@@ -442,16 +433,44 @@ pub(crate) fn emit_gemm(
     let bbytes: Vec<Vec<i64>> = bst.iter().zip(&sizes).map(|(s, &z)| s.iter().map(|&x| x * z).collect()).collect();
     let b_shared = bst[1].iter().all(|&s| s == 0);
 
+    // Work split: the kernel's own (inside one call, over the table's pool), or ours (this
+    // function runs as `threads` tasks, each one call on a range of rows or column panels, or
+    // each the whole GEMMs of a range of batch entries; nested pool use inside runs inline).
+    let threads = fx.env.threads.max(1);
+    let split = if nb == 0 {
+        choose_split(threads, m, n, kk, packed_slot.is_some() && lda_direct.is_some(), fused.is_none())
+    } else {
+        choose_batch_split(threads, &bdims, batch.iter().product::<usize>() * m * n * kk.max(1), fused.is_none())
+    };
+    // Scratch: a copy of each per-entry region per task when tasks run batch entries.
+    let copies = if split == GemmSplit::Batch { threads } else { 1 };
+    let apack_floats = scratch_len(threads);
+    let apack_off = fx.claim_scratch(apack_floats * 4);
+    let per_copy = |floats: usize| floats * 4;
+    let bpack_off = if packed_slot.is_none() { Some(fx.claim_scratch(copies * per_copy(packed_b_len(kk, n)))) } else { None };
+    let adense_off = if lda_direct.is_none() { Some(fx.claim_scratch(copies * per_copy(m * kk))) } else { None };
+    let bdense_off = if packed_slot.is_none() && b_pack.is_none() { Some(fx.claim_scratch(copies * per_copy(kk * n))) } else { None };
+    let ctmp_off = if fused.is_none() { Some(fx.claim_scratch(copies * per_copy(m * n))) } else { None };
+    // This task's copy of a region of `floats` floats at `off`.
+    let region = |fx: &mut Fx, off: usize, floats: usize| -> Value {
+        let base = fx.scratch_ptr(off);
+        if copies > 1 {
+            fx.offset(base, fx.task, per_copy(floats) as i64)
+        } else {
+            base
+        }
+    };
+
     let apack = fx.scratch_ptr(apack_off);
     let apack_len = fx.iconst(apack_floats as i64);
     let (sb_p, sb_j) = strides2(b);
     // Packs B of one batch entry (at `bp`) into the scratch panel; returns the packed pointer.
     let pack = |fx: &mut Fx, bp: Value| -> Value {
-        let dst = fx.scratch_ptr(bpack_off.expect("scratch for packing B"));
+        let dst = region(fx, bpack_off.expect("scratch for packing B"), packed_b_len(kk, n));
         let (src, ldb, tr) = match b_pack {
             Some((ldb, tr)) => (bp, ldb, tr),
             None => {
-                let d = fx.scratch_ptr(bdense_off.expect("scratch for a dense B"));
+                let d = region(fx, bdense_off.expect("scratch for a dense B"), kk * n);
                 copy_dense(fx, bp, dts[1], kk, n, sb_p, sb_j, d);
                 (d, n.max(1), false)
             }
@@ -470,12 +489,9 @@ pub(crate) fn emit_gemm(
     };
     let (sa_i, sa_p) = strides2(a);
     let fused_c = fused;
-    // Work split: the kernel's own (inside one call, over the table's pool), or ours (this
-    // function runs as `n_tasks` tasks, each one call on a range of rows or column panels;
-    // nested pool use inside runs inline).
-    let split = choose_split(fx.env.threads, m, n, kk, nb == 0 && packed_slot.is_some() && lda_direct.is_some() && fused.is_some());
     let per_thread = scratch_len(1) as i64;
-    fx.nest(&bdims, &ptrs, &bbytes, None, &mut |fx, p| {
+    let entries = if split == GemmSplit::Batch { Some(fx.task_range(bdims[0], 1)) } else { None };
+    fx.nest(&bdims, &ptrs, &bbytes, entries, &mut |fx, p| {
         let bpk = match prepacked {
             Some(v) => v,
             None => pack(fx, p[1]),
@@ -483,27 +499,29 @@ pub(crate) fn emit_gemm(
         let (aptr, lda) = match lda_direct {
             Some(lda) => (p[0], lda),
             None => {
-                let d = fx.scratch_ptr(adense_off.expect("scratch for a dense A"));
+                let d = region(fx, adense_off.expect("scratch for a dense A"), m * kk);
                 copy_dense(fx, p[0], dts[0], m, kk, sa_i, sa_p, d);
                 (d, kk.max(1))
             }
         };
         let (cptr, ldc_v) = match ctmp_off {
             None => (p[2], ldc),
-            Some(off) => (fx.scratch_ptr(off), n),
+            Some(off) => (region(fx, off, m * n), n),
         };
         // This call's part: all of it, or this task's rows / column panels.
         let (mut mv_, mut nv_, mut aptr, mut bpk, mut cptr) = (fx.iconst(m as i64), fx.iconst(n as i64), aptr, bpk, cptr);
         let (mut apack_t, mut apack_len_t) = (apack, apack_len);
         let (mut row0, mut col0) = (None, None);
-        match split {
-            GemmSplit::Kernel => {}
+        // The part of C this task writes, which its epilogue pass (if any) then covers.
+        let part = match split {
+            GemmSplit::Kernel | GemmSplit::Batch => Part::All,
             GemmSplit::Rows => {
                 let (r0, r1) = fx.task_range(m, kiln_kernels::gemm::MR);
                 mv_ = fx.b.ins().isub(r1, r0);
                 aptr = fx.offset(aptr, r0, (lda * 4) as i64);
                 cptr = fx.offset(cptr, r0, (ldc_v * 4) as i64);
                 row0 = Some(r0);
+                Part::Rows(r0, r1)
             }
             GemmSplit::Panels => {
                 let nr = kiln_kernels::gemm::NR;
@@ -513,8 +531,9 @@ pub(crate) fn emit_gemm(
                 bpk = fx.offset(bpk, j0, if int16 { kk.div_ceil(2) * 4 } else { kk * 4 } as i64);
                 cptr = fx.offset(cptr, j0, 4);
                 col0 = Some(j0);
+                Part::Cols(j0, j1)
             }
-        }
+        };
         if split != GemmSplit::Kernel {
             apack_t = fx.offset(apack, fx.task, per_thread * 4);
             apack_len_t = fx.iconst(per_thread);
@@ -561,7 +580,7 @@ pub(crate) fn emit_gemm(
         fx.check_status(st);
         if let Some(off) = ctmp_off {
             // The epilogue as an elementwise pass from the scratch tile into the output view.
-            let ct = fx.scratch_ptr(off);
+            let ct = region(fx, off, m * n);
             let mut mv = vec![MapView { ptr: ct, strides: vec![n as i64, 1], dtype: DType::F32 }];
             for &l in &epi_inputs {
                 let (ri, cj) = strides2(&k.inputs[l]);
@@ -581,7 +600,7 @@ pub(crate) fn emit_gemm(
                     }
                 }
             };
-            emit_map(fx, &[m, n], &mv, false, MapBody::Float(&mut body));
+            emit_map(fx, &[m, n], &mv, part, MapBody::Float(&mut body));
         }
     });
     if split == GemmSplit::Kernel {
@@ -600,20 +619,49 @@ pub(crate) enum GemmSplit {
     Rows,
     /// One task per thread, each on a range of 16-column panels.
     Panels,
+    /// One task per thread, each the whole GEMMs (one call each, run inline) of a range of
+    /// batch entries.
+    Batch,
 }
 
-/// The split of an unbatched GEMM with a pre-packed B (`ours_ok`); `KILN_GEMM_SPLIT`
-/// (`kernel`, `rows`, `panels`) overrides the choice for experiments.
-fn choose_split(threads: usize, m: usize, n: usize, k: usize, ours_ok: bool) -> GemmSplit {
+/// The split of a batched GEMM over its (coalesced) batch dims `bdims`: with an unfused
+/// epilogue, tasks take whole batch entries when the outermost dim has one per thread (a QDQ
+/// model's unfused attention: 12 heads of 128×32·32×128, each call too small to split well,
+/// and the pass over its scores otherwise on one thread); otherwise each call splits itself.
+/// (Below 2^17 multiply-adds in all, as for one GEMM, one task.)
+fn choose_batch_split(threads: usize, bdims: &[usize], macs: usize, unfused: bool) -> GemmSplit {
+    match bdims.first() {
+        Some(&d) if threads > 1 && unfused && d >= threads && macs >= 1 << 17 && std::env::var("KILN_GEMM_SPLIT").as_deref() != Ok("kernel") => {
+            GemmSplit::Batch
+        }
+        _ => GemmSplit::Kernel,
+    }
+}
+
+/// The split of an unbatched GEMM with a pre-packed B and A read in place (`ours_ok`).
+///
+/// The kernel's own split is the default: it picks rows or panels per call and keeps the
+/// threads' working sets apart. An epilogue the microkernel cannot apply (`unfused`: e.g. a
+/// QDQ model's chains of quantize/dequantize steps after each MatMul) runs as an elementwise
+/// pass over C after the call, and in one task that pass would be single-threaded (a QDQ
+/// MiniLM spent more time there than in its GEMMs); then each task runs the GEMM on its rows
+/// (or panels, the kernel's `Auto` rule: rows when there are more row strips than panels)
+/// and the pass over the same part. `KILN_GEMM_SPLIT` (`kernel`, `rows`, `panels`) overrides
+/// the choice for experiments.
+fn choose_split(threads: usize, m: usize, n: usize, k: usize, ours_ok: bool, unfused: bool) -> GemmSplit {
     if threads <= 1 || !ours_ok || m * n * k.max(1) < (1 << 17) {
         return GemmSplit::Kernel;
     }
-    let mr = kiln_kernels::gemm::MR;
-    let nr = kiln_kernels::gemm::NR;
+    let strips = m.div_ceil(kiln_kernels::gemm::MR);
+    let panels = n.div_ceil(kiln_kernels::gemm::NR);
+    let rows = strips >= threads;
+    let cols = panels >= threads;
     match std::env::var("KILN_GEMM_SPLIT").as_deref() {
         Ok("kernel") => GemmSplit::Kernel,
-        Ok("rows") if m.div_ceil(mr) >= threads => GemmSplit::Rows,
-        Ok("panels") if n.div_ceil(nr) >= threads => GemmSplit::Panels,
+        Ok("rows") if rows => GemmSplit::Rows,
+        Ok("panels") if cols => GemmSplit::Panels,
+        _ if unfused && rows && (strips > panels || !cols) => GemmSplit::Rows,
+        _ if unfused && cols => GemmSplit::Panels,
         _ => GemmSplit::Kernel,
     }
 }
