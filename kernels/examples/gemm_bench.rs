@@ -3,7 +3,8 @@
 //! and the exact integer GEMM (`gemm_i16`, with and without VNNI) against it on the same shapes.
 //!
 //! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`; `COLD=a|b|c` makes
-//! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all).
+//! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all);
+//! `SHAPES="m,k,n;..."` times those shapes instead of MiniLM's.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -219,12 +220,17 @@ fn main() {
         kiln_kernels::peak::fma_register()
     );
 
-    let shapes: &[(usize, usize, usize)] = &[
-        (128, 384, 384),
-        (128, 384, 1536),
-        (128, 1536, 384),
-        (1024, 384, 1536),
-    ];
+    // `SHAPES="m,k,n;m,k,n"` replaces MiniLM's shapes (e.g. a ResNet's convolutions as GEMMs).
+    let custom: Vec<(usize, usize, usize)> = std::env::var("SHAPES")
+        .unwrap_or_default()
+        .split(';')
+        .filter_map(|t| {
+            let v: Vec<usize> = t.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            (v.len() == 3).then(|| (v[0], v[1], v[2]))
+        })
+        .collect();
+    let minilm = [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 384, 1536)];
+    let shapes: &[(usize, usize, usize)] = if custom.is_empty() { &minilm } else { &custom };
     let pool2 = ThreadPool::new(2);
     println!();
     println!("GEMM C[m×n] = A[m×k]·B[k×n] (B packed once), best of interleaved runs:");

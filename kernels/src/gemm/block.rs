@@ -32,6 +32,9 @@ unsafe impl Send for GemmDesc {}
 /// 2 threads, B cold (`COLD=b`): 128×384·384×384 278-285 → 284-298 GF/s, ·384×1536 300 →
 /// 309-328, 128×1536·1536×384 276-280 → 279-287; 1024 rows within noise. AVX2 path
 /// (`KILN_NO_AVX512=1`): 155-157 → 163-164, 160-165 → 167-168, 151-159 → 160-161.
+/// A block of at most this many B panels reads A in place (see `gemm_block`).
+const DIRECT_PANELS: usize = 4;
+
 #[inline]
 pub(super) fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize) {
     (t * kc / tiles, (t + 1) * kc / tiles)
@@ -101,8 +104,12 @@ pub(crate) unsafe fn gemm_block(
     // read A's rows in place (same FMAs in the same order: bitwise the packed path's results).
     // Measured, attn_bench 8×128: 86.5 → 89.6 GF/s on AVX-512 (4 tiles per strip), 52.1 → 52.9
     // on AVX2 (8); at 8×512 AVX-512 98.2 → 100.4 (16) but AVX2 56.1 → 54.6 (32): hence ≤ 16.
+    // Up to four panels (DIRECT_PANELS: a ResNet's 64-channel convolutions, n = 64) A is read in
+    // place too: gemm_bench on the Xeon of 2026-12-06, 2 threads, 3136×576·576×64 341–350 →
+    // 378–382 GF/s (pack_a had been 30% of the time), 12544×147·147×64 (the stem) 342–361 →
+    // 367–378; on AVX2 81–85% → 87–98% of the peak. Eight panels (n = 128) measured mixed.
     let tiles_per_strip = if arch.wide.is_some() { (p1 - p0).div_ceil(2) } else { p1 - p0 };
-    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= 2 || (d.k <= 64 && tiles_per_strip <= 16));
+    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= DIRECT_PANELS || (d.k <= 64 && tiles_per_strip <= 16));
     let mut kc0 = 0;
     while kc0 < k {
         let kc = kc_step.min(k - kc0);
