@@ -15,7 +15,7 @@ use kiln_runtime::graph::{Bucket, Graph};
 use kiln_runtime::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::fuse::{count_ops, fuse, merge_siblings, FusionReport};
+use crate::fuse::{count_ops, fold_gather_tables, fuse, merge_siblings, FusionReport};
 use crate::kernel_ir::{KernelProgram, WeightLayout};
 use crate::memory_plan::{plan_memory, MemoryPlan};
 use crate::passes::{standard_passes, LayoutPolicy, PassCtx};
@@ -83,6 +83,9 @@ fn run_with(
     let mut program = fuse(&g, bucket, &ctx.layouts)?;
     if ctx.layout_policy.merges_sibling_weights() {
         merge_siblings(&mut program)?;
+    }
+    if ctx.layout_policy.gathers_from_several_tables() {
+        fold_gather_tables(&mut program)?;
     }
     hook("fuse", &|| program.print());
     let plan = plan_memory(&program)?;

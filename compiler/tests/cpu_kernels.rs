@@ -383,6 +383,50 @@ fn gather_reduce_concat_copy() {
     clif_golden("gather_reduce_concat", &g, Bucket::new(1, 3));
 }
 
+/// A gather from rows with a fill row appended (the importer's padded window grids): on the CPU
+/// the concat is folded into the gather, which reads the GEMM's rows and the fill row in place.
+/// Against the reference on 1 and 2 threads for ids in both tables; an id past both is the
+/// gather's typed error, not a read past the fill row.
+#[test]
+fn gather_reads_a_concat_of_rows_in_place() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![f(7), f(12)], InputRole::Other).unwrap();
+    let ids = b.input("ids", DType::I64, vec![f(5), f(3)], InputRole::Other).unwrap();
+    let w = b.weight("w", DType::F32, &[12, 8]).unwrap();
+    let rows = b.matmul(x, w).unwrap();
+    let rows = b.relu(rows).unwrap();
+    let fill = b.constant(vec![-1.5; 8], &[1, 8]).unwrap();
+    let table = b.concat(&[rows, fill], 0).unwrap();
+    let y = b.gather(table, ids).unwrap();
+    b.output("y", y);
+    let g = b.finish().unwrap();
+    let bucket = Bucket::new(7, 1);
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+    let (c, _) = be.compile(&g, bucket, false).unwrap();
+    assert!(c.image.steps.iter().all(|s| !s.name.contains("concat")), "the concat still runs: {:?}", c.image.steps);
+    let mut rng = Rng::new(3);
+    let weights = random_weights(&g, &mut rng);
+    let xin = random_inputs(&g, bucket, &mut rng).remove(0);
+    // Rows 0..7 of x·W, 7 the fill row.
+    let run = |threads, id_vals: Vec<i64>| {
+        let inputs = vec![xin.clone(), kiln_runtime::HostTensor::i64(vec![5, 3], id_vals).unwrap()];
+        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
+        let w = be.upload(&weights, &g).unwrap();
+        let mut plan = be.lower(&w, &g, bucket).unwrap();
+        let mut out = Outputs::for_bucket(&g, bucket);
+        be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).map(|_| (out, inputs))
+    };
+    let good: Vec<i64> = (0..15).map(|i| (i * 5 + 2) % 8).collect();
+    assert!(good.contains(&7) && good.contains(&0));
+    for threads in [Threads::Single, Threads::Count(2)] {
+        let (out, inputs) = run(threads, good.clone()).unwrap();
+        let want = interpret(&g, &weights, &inputs, bucket).unwrap();
+        compare(&out.tensors, &want, 1e-5, 1e-5).unwrap();
+        let e = run(threads, (0..15).map(|i| if i == 9 { 8 } else { 0 }).collect()).err().expect("id 8 is past the fill row");
+        assert!(e.to_string().contains("gather"), "{e}");
+    }
+}
+
 #[test]
 fn casts_round_like_the_reference() {
     let mut b = GraphBuilder::new();

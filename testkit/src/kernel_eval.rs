@@ -482,8 +482,11 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
             }
         }
         KernelOp::Gather => {
-            let (t, ids) = (&k.inputs[0], &k.inputs[1]);
-            let (rows, cols) = (t.shape[0], t.shape[1]);
+            let ids = &k.inputs[1];
+            // Table 0, then any further tables (inputs 2..) continuing its rows.
+            let tables: Vec<&BufferView> = std::iter::once(&k.inputs[0]).chain(&k.inputs[2..]).collect();
+            let rows: usize = tables.iter().map(|t| t.shape[0]).sum();
+            let cols = k.inputs[0].shape[1];
             let r = ids.rank();
             let views = [ids, out];
             let bases = [ids.offset, out.offset];
@@ -494,8 +497,16 @@ fn run_kernel(program: &KernelProgram, k: &Kernel, mem: &mut Mem) -> Result<()> 
                 if id < 0 || id as usize >= rows {
                     return Err(Error::graph(&k.name, format!("gather id {id} is outside the table's 0..{rows}")));
                 }
+                let (mut t, mut row) = (tables[0], id as usize);
+                for x in &tables {
+                    t = x;
+                    if row < x.shape[0] {
+                        break;
+                    }
+                    row -= x.shape[0];
+                }
                 for c in 0..cols {
-                    let v = mem.get(t.buffer, t.offset + id as usize * t.strides[0] + c * t.strides[1]);
+                    let v = mem.get(t.buffer, t.offset + row * t.strides[0] + c * t.strides[1]);
                     mem.set(ob, o[1] + c * out.strides[r], v);
                 }
                 Ok(())

@@ -148,6 +148,7 @@ struct Fuser<'a> {
 
 mod attention;
 mod expr;
+mod gather_tables;
 mod group;
 mod lower;
 mod report;
@@ -271,6 +272,16 @@ impl<'a> Fuser<'a> {
 /// decision per weight-table entry (from the `layout` pass).
 pub fn fuse(graph: &Graph, bucket: Bucket, layouts: &[WeightLayout]) -> Result<KernelProgram> {
     Fuser::new(graph, bucket, layouts)?.run()
+}
+
+/// Folds axis-0 concats that only gathers read into those gathers (see [`gather_tables`]), for a
+/// target whose gather kernel reads several tables (the CPU); returns how many it removed.
+pub fn fold_gather_tables(program: &mut KernelProgram) -> Result<usize> {
+    let removed = gather_tables::fold_concats_into_gathers(program);
+    if removed > 0 {
+        program.validate()?;
+    }
+    Ok(removed)
 }
 
 /// Merges sibling GEMMs into one over their concatenated weights (see [`siblings`]), for a

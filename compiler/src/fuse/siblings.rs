@@ -203,7 +203,7 @@ fn merge_group(p: &mut KernelProgram, members: &[usize]) -> bool {
 
 /// Removes the arena buffers no kernel touches any more (the merged GEMMs' former outputs),
 /// renumbering the rest.
-fn drop_unused_buffers(p: &mut KernelProgram) {
+pub(super) fn drop_unused_buffers(p: &mut KernelProgram) {
     let mut used = vec![false; p.buffers.len()];
     for k in &p.kernels {
         for v in k.inputs.iter().chain([&k.output]) {

@@ -36,6 +36,13 @@ impl LayoutPolicy {
     pub fn merges_sibling_weights(self) -> bool {
         self == LayoutPolicy::TransposeLinearWeights
     }
+
+    /// Whether this target's gather kernel reads its rows from several tables in turn (a
+    /// concat of rows folded into the gather that reads it): the CPU's does; the GPU's reads
+    /// one. (The one per-target switch the middle-end has is this policy, hence here.)
+    pub fn gathers_from_several_tables(self) -> bool {
+        self == LayoutPolicy::TransposeLinearWeights
+    }
 }
 
 /// The layout decision for every weight-table entry of `graph` under `policy`.
