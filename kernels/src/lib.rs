@@ -42,6 +42,7 @@ mod lanes;
 pub mod math;
 pub mod peak;
 pub mod table;
+pub mod taps;
 
 pub mod threadpool;
 

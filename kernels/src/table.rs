@@ -16,6 +16,7 @@
 //! | `exp_f32` / `erf_f32` / `tanh_f32` / `sigmoid_f32` / `silu_f32` / `gelu_erf_f32` / `gelu_tanh_f32` / `relu_f32` `(x, y, n)` | `(i64, i64, i64)` |
 //! | `activation_f32(x, y, n, act: u32) -> status` | `(i64, i64, i64, i32) -> i32` |
 //! | `softmax_rows_f32(x, rows, cols, ld)` | `(i64 ×4)` |
+//! | `tap_sum_f32(table, args: *const TapSumArgs) -> status` | `(i64, i64) -> i32` |
 //!
 //! No entry allocates, spawns or panics (a panic could not unwind through `extern "C"`).
 
@@ -25,6 +26,7 @@ use crate::gemm::{
     gemm_batched_raw, gemm_i16_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split,
 };
 use crate::math::{map_raw, softmax_rows_raw, Activation, Unary};
+use crate::taps::{tap_sum_raw, TapSumArgs};
 use crate::threadpool::ThreadPool;
 use crate::{effective_isa, Isa};
 use std::mem::offset_of;
@@ -34,7 +36,8 @@ use std::mem::offset_of;
 /// 3: the GEMM epilogue's activation code 7, `Activation::Relu6`.
 /// 4: the GEMM epilogue's `GATED` bit: `(acc + bias) · act(residual)`.
 /// 5: the `gemm_i16` entry (integer operands, exact sums).
-pub const KERNEL_ABI_VERSION: u32 = 5;
+/// 6: the `tap_sum_f32` entry (per-channel weighted sums of shifted rows).
+pub const KERNEL_ABI_VERSION: u32 = 6;
 
 /// A GEMM entry whose packed B holds `B` elements: `(table, m, n, k, a, lda, b_packed, c, ldc,
 /// accumulate, epilogue, scratch, scratch_len) -> status`.
@@ -70,6 +73,8 @@ pub type UnaryFn = unsafe extern "C" fn(*const f32, *mut f32, usize);
 pub type ActivationFn = unsafe extern "C" fn(*const f32, *mut f32, usize, u32) -> i32;
 /// `softmax_rows_f32(x, rows, cols, ld)`, in place.
 pub type SoftmaxRowsFn = unsafe extern "C" fn(*mut f32, usize, usize, usize);
+/// `tap_sum_f32(table, args) -> status`, see [`crate::taps`].
+pub type TapSumFn = unsafe extern "C" fn(*const KernelTable, *const TapSumArgs) -> i32;
 
 /// The table (C layout). Build it with [`KernelTable::new`]; it holds a raw pointer to the pool,
 /// which must outlive every call made through the table.
@@ -97,6 +102,7 @@ pub struct KernelTable {
     pub activation_f32: ActivationFn,
     pub softmax_rows_f32: SoftmaxRowsFn,
     pub gemm_i16: GemmI16Fn,
+    pub tap_sum_f32: TapSumFn,
 }
 
 // SAFETY: the table is immutable data: function pointers plus a pointer to a `Sync` pool.
@@ -123,6 +129,7 @@ impl KernelTable {
     pub const OFF_RELU_F32: usize = offset_of!(KernelTable, relu_f32);
     pub const OFF_ACTIVATION_F32: usize = offset_of!(KernelTable, activation_f32);
     pub const OFF_SOFTMAX_ROWS_F32: usize = offset_of!(KernelTable, softmax_rows_f32);
+    pub const OFF_TAP_SUM_F32: usize = offset_of!(KernelTable, tap_sum_f32);
 
     /// A table using the best ISA of this machine and `pool` (None = single-threaded). The pool must
     /// outlive every call through the table.
@@ -157,6 +164,7 @@ impl KernelTable {
             relu_f32: raw_relu_f32,
             activation_f32: raw_activation_f32,
             softmax_rows_f32: raw_softmax_rows_f32,
+            tap_sum_f32: raw_tap_sum_f32,
         }
     }
 }
@@ -354,6 +362,22 @@ pub unsafe extern "C" fn raw_gemm_batched_f32(
                 }
             }
             gemm_batched_raw(g, pool, isa)
+        })
+    })
+}
+
+/// Tap-sum entry of the table ([`crate::taps::tap_sum_raw`] on the calling thread: generated
+/// code splits the pixels over tasks). Status 0, or 5 for null arguments or a tap count outside
+/// 1..=32.
+///
+/// # Safety
+/// `table` as for [`KernelTable::new`]; `args` as for [`crate::taps::tap_sum_raw`].
+pub unsafe extern "C" fn raw_tap_sum_f32(table: *const KernelTable, args: *const TapSumArgs) -> i32 {
+    // SAFETY: caller contract.
+    status(unsafe {
+        context(table).and_then(|(isa, _)| match args.as_ref() {
+            None => Err(KernelError::Invalid("null args")),
+            Some(a) => tap_sum_raw(a, isa),
         })
     })
 }

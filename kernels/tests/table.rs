@@ -24,6 +24,12 @@ fn documented_offsets() {
     assert_eq!(offset_of!(Epilogue, residual_stride), 16);
     assert_eq!(offset_of!(Epilogue, activation), 24);
     assert_eq!(offset_of!(Epilogue, scale), 28);
+    {
+        use kiln_kernels::taps::{TapSumArgs, MAX_TAPS};
+        let at = [offset_of!(TapSumArgs, n), offset_of!(TapSumArgs, c), offset_of!(TapSumArgs, x_stride), offset_of!(TapSumArgs, out), offset_of!(TapSumArgs, out_stride), offset_of!(TapSumArgs, bias), offset_of!(TapSumArgs, taps), offset_of!(TapSumArgs, x), offset_of!(TapSumArgs, w)];
+        assert_eq!(at, [0, 8, 16, 24, 32, 40, 48, 56, 56 + 8 * MAX_TAPS]);
+        assert_eq!(size_of::<TapSumArgs>(), 56 + 16 * MAX_TAPS);
+    }
 
     let b = [
         offset_of!(BatchedGemmArgs, batch),
@@ -84,6 +90,7 @@ fn documented_offsets() {
         KernelTable::OFF_ACTIVATION_F32,
         KernelTable::OFF_SOFTMAX_ROWS_F32,
         KernelTable::OFF_GEMM_I16,
+        KernelTable::OFF_TAP_SUM_F32,
     ];
     for (i, off) in entries.iter().enumerate() {
         assert_eq!(*off, 16 + 8 * i);

@@ -209,6 +209,9 @@ pub(crate) fn map_view(fx: &mut Fx, t: &BufferView) -> MapView {
 
 /// An elementwise kernel (`out = expr(inputs)`; a bare load is a copy). Returns its task count.
 pub(crate) fn emit_elementwise(fx: &mut Fx, k: &Kernel, expr: &Expr) -> u32 {
+    if let Some(tasks) = super::taps::emit_tap_sum(fx, k, expr) {
+        return tasks;
+    }
     let loads = expr.loads();
     let mut views: Vec<MapView> = loads.iter().map(|&l| map_view(fx, &k.inputs[l])).collect();
     views.push(map_view(fx, &k.output));

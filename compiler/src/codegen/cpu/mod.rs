@@ -26,6 +26,7 @@ pub mod norm;
 pub mod reduce;
 pub mod rows;
 pub mod softmax;
+pub mod taps;
 
 use std::time::Instant;
 

@@ -1,0 +1,152 @@
+//! Elementwise kernels that are per-channel weighted sums of shifted views — a depthwise
+//! convolution as the ONNX importer writes it, `((x₀·w₀ + x₁·w₁) + …) (+ bias)` with every
+//! `xₜ` one strided view at different offsets and every `wₜ` (and the bias) one value per
+//! channel — run through the kernel table's `tap_sum_f32` (16 or 8 lanes, the expression's
+//! operations in its order, see `kiln_kernels::taps`) instead of 4-lane generated code.
+//! Anything else, or a sum past `MAX_TAPS` taps, stays an ordinary elementwise kernel.
+//!
+//! (A pattern at code generation rather than a kernel-IR op: the expression stays the one
+//! definition every other backend and the reference evaluate; this is only how the CPU runs it.)
+
+use cranelift_codegen::ir::{InstBuilder, Value};
+use kiln_kernels::table::KernelTable;
+use kiln_kernels::taps::{TapSumArgs, MAX_TAPS};
+use kiln_runtime::graph::BinaryOp;
+use kiln_runtime::DType;
+use std::mem::offset_of;
+
+use super::elementwise::{coalesce, tasks_for};
+use super::emit::{mf, Fx};
+use crate::kernel_ir::{BufferView, Expr, ExprId, ExprNode, Kernel};
+
+/// The taps `(x input, w input)` and the bias input of a matching expression.
+struct Taps {
+    taps: Vec<(usize, usize)>,
+    bias: Option<usize>,
+}
+
+/// One value per channel: every stride 0 but the last, which is 1.
+fn per_channel(v: &BufferView) -> bool {
+    let r = v.rank();
+    r >= 1 && v.strides[r - 1] == 1 && v.strides[..r - 1].iter().all(|&s| s == 0)
+}
+
+/// `((p₀ + p₁) + …) (+ bias)` with each `pₜ = load · load`, one factor a per-channel view.
+fn match_taps(k: &Kernel, e: &Expr) -> Option<Taps> {
+    let n = &e.nodes;
+    let node = |id: ExprId| &n[id as usize];
+    let load = |id: ExprId| match node(id) {
+        ExprNode::Load(i) => Some(*i),
+        _ => None,
+    };
+    let product = |id: ExprId| -> Option<(usize, usize)> {
+        let ExprNode::Binary(BinaryOp::Mul, a, b) = node(id) else { return None };
+        let (a, b) = (load(*a)?, load(*b)?);
+        match (per_channel(&k.inputs[a]), per_channel(&k.inputs[b])) {
+            (false, true) => Some((a, b)),
+            (true, false) => Some((b, a)),
+            _ => None,
+        }
+    };
+    let mut cur = e.root();
+    let mut bias = None;
+    if let ExprNode::Binary(BinaryOp::Add, a, b) = node(cur) {
+        if let Some(l) = load(*b).filter(|&l| per_channel(&k.inputs[l])) {
+            bias = Some(l);
+            cur = *a;
+        }
+    }
+    let mut taps = Vec::new();
+    loop {
+        match node(cur) {
+            ExprNode::Binary(BinaryOp::Mul, ..) => {
+                taps.push(product(cur)?);
+                break;
+            }
+            ExprNode::Binary(BinaryOp::Add, a, b) => {
+                taps.push(product(*b)?);
+                cur = *a;
+            }
+            _ => return None,
+        }
+    }
+    taps.reverse();
+    (2..=MAX_TAPS).contains(&taps.len()).then_some(Taps { taps, bias })
+}
+
+/// Emits `k` as tap-sum calls when its expression matches; returns its task count, or None
+/// (nothing emitted) when it does not.
+pub(crate) fn emit_tap_sum(fx: &mut Fx, k: &Kernel, e: &Expr) -> Option<u32> {
+    let t = match_taps(k, e)?;
+    let out = &k.output;
+    let shape = &out.shape;
+    let r = shape.len();
+    let x0 = &k.inputs[t.taps[0].0];
+    let f32s = t.taps.iter().flat_map(|&(x, w)| [x, w]).chain(t.bias).all(|i| fx.dtype(k.inputs[i].buffer) == DType::F32);
+    let same_x = t.taps.iter().all(|&(x, _)| k.inputs[x].shape == *shape && k.inputs[x].strides == x0.strides);
+    if r == 0 || !f32s || !same_x || fx.dtype(out.buffer) != DType::F32 || out.strides[r - 1] != 1 || x0.strides[r - 1] != 1 {
+        return None;
+    }
+    let c = shape[r - 1];
+    let outer: Vec<Vec<usize>> = vec![x0.strides[..r - 1].to_vec(), out.strides[..r - 1].to_vec()];
+    let st: Vec<Vec<i64>> = outer.iter().map(|s| s.iter().map(|&v| v as i64).collect()).collect();
+    let (mut dims, mut st) = coalesce(&shape[..r - 1], &st);
+    // Pixels per call: the innermost outer dim (one pixel when there is none).
+    let (n, xs, os) = match dims.pop() {
+        Some(d) => (d, st[0].pop().unwrap(), st[1].pop().unwrap()),
+        None => (1, 0, 0),
+    };
+    let tasks = tasks_for(fx.env.threads, out.numel(), 1 << 15);
+
+    let args = fx.stack(std::mem::size_of::<TapSumArgs>() as u32);
+    let a = fx.stack_addr(args);
+    let store = |fx: &mut Fx, v: Value, off: usize| {
+        fx.b.ins().store(mf(), v, a, off as i32);
+    };
+    for (v, off) in [(c, offset_of!(TapSumArgs, c)), (xs as usize, offset_of!(TapSumArgs, x_stride)), (os as usize, offset_of!(TapSumArgs, out_stride)), (t.taps.len(), offset_of!(TapSumArgs, taps))] {
+        let v = fx.iconst(v as i64);
+        store(fx, v, off);
+    }
+    let bias = match t.bias {
+        Some(b) => fx.view_base(&k.inputs[b]),
+        None => fx.iconst(0),
+    };
+    store(fx, bias, offset_of!(TapSumArgs, bias));
+    for (i, &(_, w)) in t.taps.iter().enumerate() {
+        let wp = fx.view_base(&k.inputs[w]);
+        store(fx, wp, offset_of!(TapSumArgs, w) + 8 * i);
+    }
+    // Per call: the taps' and the output's pointers, the pixel count.
+    let mut ptrs: Vec<Value> = t.taps.iter().map(|&(x, _)| fx.view_base(&k.inputs[x])).collect();
+    ptrs.push(fx.view_base(out));
+    let bytes: Vec<Vec<i64>> =
+        (0..ptrs.len()).map(|i| st[if i < t.taps.len() { 0 } else { 1 }].iter().map(|&s| s * 4).collect()).collect();
+    let ntaps = t.taps.len();
+    // Tasks split the outermost remaining dim, or the pixels of the one call.
+    let (outer_range, pixels) = match (tasks > 1, dims.is_empty()) {
+        (false, _) => (None, None),
+        (true, false) => (Some(fx.task_range(dims[0], 1)), None),
+        (true, true) => (None, Some(fx.task_range(n, 1))),
+    };
+    fx.nest(&dims, &ptrs, &bytes, outer_range, &mut |fx, p| {
+        let (lo, count) = match pixels {
+            Some((lo, hi)) => (Some(lo), fx.b.ins().isub(hi, lo)),
+            None => (None, fx.iconst(n as i64)),
+        };
+        store(fx, count, offset_of!(TapSumArgs, n));
+        let at = |fx: &mut Fx, ptr: Value, stride: i64| match lo {
+            Some(lo) => fx.offset(ptr, lo, stride * 4),
+            None => ptr,
+        };
+        for (i, &xp) in p[..ntaps].iter().enumerate() {
+            let xp = at(fx, xp, xs);
+            store(fx, xp, offset_of!(TapSumArgs, x) + 8 * i);
+        }
+        let op = at(fx, p[ntaps], os);
+        store(fx, op, offset_of!(TapSumArgs, out));
+        let call = [fx.table, a];
+        let st = fx.call_table(KernelTable::OFF_TAP_SUM_F32, &call, true).expect("tap_sum returns a status");
+        fx.check_status(st);
+    });
+    Some(tasks)
+}
