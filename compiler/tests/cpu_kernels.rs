@@ -422,7 +422,7 @@ fn gather_reads_a_concat_of_rows_in_place() {
         let (out, inputs) = run(threads, good.clone()).unwrap();
         let want = interpret(&g, &weights, &inputs, bucket).unwrap();
         compare(&out.tensors, &want, 1e-5, 1e-5).unwrap();
-        let e = run(threads, (0..15).map(|i| if i == 9 { 8 } else { 0 }).collect()).err().expect("id 8 is past the fill row");
+        let Err(e) = run(threads, (0..15).map(|i| if i == 9 { 8 } else { 0 }).collect()) else { panic!("id 8 is past the fill row") };
         assert!(e.to_string().contains("gather"), "{e}");
     }
 }

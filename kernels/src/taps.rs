@@ -49,17 +49,16 @@ pub unsafe fn tap_sum_raw(a: &TapSumArgs, isa: Isa) -> Result<(), KernelError> {
     if a.n == 0 || a.c == 0 {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
     match crate::effective_isa(isa) {
         // SAFETY: the ISA is present; pointer contract forwarded.
-        Isa::Avx512 => return Ok(unsafe { avx512(a) }),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512(a) },
         // SAFETY: as above.
-        Isa::Avx2Fma => return Ok(unsafe { avx2(a) }),
-        Isa::Scalar => {}
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe { avx2(a) },
+        // SAFETY: pointer contract forwarded.
+        _ => unsafe { scalar(a) },
     }
-    let _ = isa;
-    // SAFETY: pointer contract forwarded.
-    unsafe { scalar(a) };
     Ok(())
 }
 

@@ -24,7 +24,7 @@ pub(crate) fn fold_concats_into_gathers(p: &mut KernelProgram) -> usize {
             readers.entry(v.buffer).or_default().push(ki);
         }
     }
-    let mut removed = vec![false; p.kernels.len()];
+    let mut removed = std::collections::HashSet::new();
     for ci in 0..p.kernels.len() {
         let c = &p.kernels[ci];
         if !matches!(c.op, KernelOp::Concat { axis: 0 }) || !foldable(p, c) {
@@ -52,19 +52,17 @@ pub(crate) fn fold_concats_into_gathers(p: &mut KernelProgram) -> usize {
             g.inputs = std::iter::once(tables[0].clone()).chain([ids]).chain(tables[1..].iter().cloned()).collect();
             g.fused.extend(fused.iter().cloned());
         }
-        removed[ci] = true;
+        removed.insert(ci);
     }
-    let n = removed.iter().filter(|&&r| r).count();
-    if n > 0 {
+    if !removed.is_empty() {
         let mut i = 0;
         p.kernels.retain(|_| {
-            let keep = !removed[i];
             i += 1;
-            keep
+            !removed.contains(&(i - 1))
         });
         super::siblings::drop_unused_buffers(p);
     }
-    n
+    removed.len()
 }
 
 /// A concat whose output is a whole arena buffer (not a graph output, which must be written)
