@@ -431,64 +431,82 @@ fn gather_reads_a_concat_of_rows_in_place() {
 /// times a per-channel weight, summed in order, plus a per-channel bias — runs through the kernel
 /// table's `tap_sum_f32`: within the (float64) reference's tolerance, and bit for bit the
 /// expression evaluated in f32 in its order, on 1 and 2 threads; 21 channels leave a tail on
-/// every vector width.
+/// every vector width. Also as the importer continues it: reshaped back to rows, then a ReLU6
+/// (`max(·, 0)`, `min(·, 0.5)`): the clamps move above the reshape (`simplify`) into the same
+/// one kernel and the same call.
 #[test]
 fn depthwise_tap_sums_run_in_the_kernel_table() {
-    let mut b = GraphBuilder::new();
-    let x = b.input("x", DType::F32, vec![f(2), f(8), f(9), f(21)], InputRole::Other).unwrap();
-    let bias = b.weight("bias", DType::F32, &[21]).unwrap();
-    let mut sum = None;
-    for dh in 0..3 {
-        for dw in 0..3 {
-            let v = b.slice(x, 1, dh, f(dh + 6)).unwrap();
-            let v = b.slice(v, 2, dw, f(dw + 7)).unwrap();
-            let w = b.weight(&format!("w{dh}{dw}"), DType::F32, &[21]).unwrap();
-            let p = b.mul(v, w).unwrap();
-            sum = Some(match sum {
-                None => p,
-                Some(s) => b.add(s, p).unwrap(),
-            });
+    for relu6 in [false, true] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", DType::F32, vec![f(2), f(8), f(9), f(21)], InputRole::Other).unwrap();
+        let bias = b.weight("bias", DType::F32, &[21]).unwrap();
+        let mut sum = None;
+        for dh in 0..3 {
+            for dw in 0..3 {
+                let v = b.slice(x, 1, dh, f(dh + 6)).unwrap();
+                let v = b.slice(v, 2, dw, f(dw + 7)).unwrap();
+                let w = b.weight(&format!("w{dh}{dw}"), DType::F32, &[21]).unwrap();
+                let p = b.mul(v, w).unwrap();
+                sum = Some(match sum {
+                    None => p,
+                    Some(s) => b.add(s, p).unwrap(),
+                });
+            }
         }
-    }
-    let y = b.add(sum.unwrap(), bias).unwrap();
-    b.output("y", y);
-    let g = b.finish().unwrap();
-    let bucket = Bucket::new(1, 1);
-    check("depthwise", &g, bucket, 1e-6);
-    let mut rng = Rng::new(17);
-    let weights = random_weights(&g, &mut rng);
-    let inputs = random_inputs(&g, bucket, &mut rng);
-    let (xv, wv): (Vec<f32>, Vec<Vec<f32>>) = (inputs[0].to_f32_vec(), weights.iter().map(|w| w.to_f32_vec()).collect());
-    // Weights in creation order: the bias, then w00, w01, …, w22.
-    let mut want = Vec::new();
-    for n in 0..2 {
-        for h in 0..6 {
-            for w in 0..7 {
-                for ch in 0..21 {
-                    let x = |dh: usize, dw: usize| xv[((n * 8 + h + dh) * 9 + w + dw) * 21 + ch];
-                    let mut s = x(0, 0) * wv[1][ch];
-                    for t in 1..9 {
-                        s += x(t / 3, t % 3) * wv[1 + t][ch];
+        let mut y = b.add(sum.unwrap(), bias).unwrap();
+        if relu6 {
+            y = b.reshape(y, vec![f(84), f(21)]).unwrap();
+            let zero = b.scalar(0.0).unwrap();
+            let six = b.scalar(0.5).unwrap();
+            y = b.max(y, zero).unwrap();
+            y = b.binary(BinaryOp::Min, y, six).unwrap();
+        }
+        b.output("y", y);
+        let g = b.finish().unwrap();
+        let bucket = Bucket::new(1, 1);
+        check("depthwise", &g, bucket, 1e-6);
+        let mut rng = Rng::new(17);
+        let weights = random_weights(&g, &mut rng);
+        let inputs = random_inputs(&g, bucket, &mut rng);
+        let (xv, wv): (Vec<f32>, Vec<Vec<f32>>) = (inputs[0].to_f32_vec(), weights.iter().map(|w| w.to_f32_vec()).collect());
+        // Weights in creation order: the bias, then w00, w01, …, w22.
+        let mut want = Vec::new();
+        for n in 0..2 {
+            for h in 0..6 {
+                for w in 0..7 {
+                    for ch in 0..21 {
+                        let x = |dh: usize, dw: usize| xv[((n * 8 + h + dh) * 9 + w + dw) * 21 + ch];
+                        let mut s = x(0, 0) * wv[1][ch];
+                        for t in 1..9 {
+                            s += x(t / 3, t % 3) * wv[1 + t][ch];
+                        }
+                        s += wv[0][ch];
+                        if relu6 {
+                            // max(s, +0): +0 where s <= 0 (-0 too); min(s, 0.5): 0.5 where 0.5 < s.
+                            s = if s <= 0.0 { 0.0 } else { s };
+                            s = if 0.5 < s { 0.5 } else { s };
+                        }
+                        want.push(s.to_bits());
                     }
-                    want.push((s + wv[0][ch]).to_bits());
                 }
             }
         }
+        for threads in [Threads::Single, Threads::Count(2)] {
+            let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
+            let w = be.upload(&weights, &g).unwrap();
+            let mut plan = be.lower(&w, &g, bucket).unwrap();
+            let mut out = Outputs::for_bucket(&g, bucket);
+            be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
+            let got: Vec<u32> = out.tensors[0].to_f32_vec().iter().map(|v| v.to_bits()).collect();
+            assert!(got == want, "relu6 {relu6}, {threads:?}: not the expression's bits");
+        }
+        let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+        let (c, _) = be.compile(&g, bucket, true).unwrap();
+        assert_eq!(c.image.steps.len(), 1, "relu6 {relu6}: {:?}", c.image.steps);
+        let clif: String = c.clif.iter().map(|(_, t)| t.as_str()).collect();
+        let off = kiln_kernels::table::KernelTable::OFF_TAP_SUM_F32;
+        assert!(clif.contains(&format!("+{off}\n")), "relu6 {relu6}: no tap_sum_f32 call:\n{clif}");
     }
-    for threads in [Threads::Single, Threads::Count(2)] {
-        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
-        let w = be.upload(&weights, &g).unwrap();
-        let mut plan = be.lower(&w, &g, bucket).unwrap();
-        let mut out = Outputs::for_bucket(&g, bucket);
-        be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
-        let got: Vec<u32> = out.tensors[0].to_f32_vec().iter().map(|v| v.to_bits()).collect();
-        assert!(got == want, "{threads:?}: not the expression's bits");
-    }
-    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
-    let (c, _) = be.compile(&g, bucket, true).unwrap();
-    let clif: String = c.clif.iter().map(|(_, t)| t.as_str()).collect();
-    let off = kiln_kernels::table::KernelTable::OFF_TAP_SUM_F32;
-    assert!(clif.contains(&format!("+{off}\n")), "no tap_sum_f32 call:\n{clif}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
-//! Weighted sums of shifted rows: `out[p, c] = ((x₀[p, c]·w₀[c] + x₁[p, c]·w₁[c]) + …) (+ bias[c])`
-//! over pixels `p` and channels `c` — a depthwise convolution (or any per-channel window
-//! sum) as the ONNX importer writes it: one elementwise expression over shifted views of a
-//! padded grid, channels innermost.
+//! Weighted sums of shifted rows: `out[p, c] = post(((x₀[p, c]·w₀[c] + x₁[p, c]·w₁[c]) + …)
+//! (+ bias[c]))` over pixels `p` and channels `c` — a depthwise convolution (or any per-channel
+//! window sum) as the ONNX importer writes it: one elementwise expression over shifted views of
+//! a padded grid, channels innermost; `post` up to two clamps against constants (ReLU, ReLU6).
 //!
 //! Generated code runs such expressions 4 lanes wide (Cranelift's x86 vectors are 128-bit);
 //! this entry runs them 16 (AVX-512F) or 8 (AVX2) wide. Per element it does the expression's
@@ -17,11 +17,20 @@ use crate::Isa;
 
 /// Most taps one call takes (a 5×5 window; larger windows stay generated code).
 pub const MAX_TAPS: usize = 32;
+/// Most clamps after the sum.
+pub const MAX_POST: usize = 2;
+/// A clamp `max(v, c)`: `c` where `v < c` (`v <= c` when `c` is +0, so -0 becomes +0), else `v`
+/// (NaN stays): the expression's `max` against a constant, as generated code compiles it.
+pub const TAP_MAX: u32 = 0;
+/// A clamp `min(v, c)`: `c` where `c < v` (`c <= v` when `c` is -0), else `v`.
+pub const TAP_MIN: u32 = 1;
 
 /// The arguments (C layout, 8-byte fields): `n` pixels of `c` channels; tap `t` reads
 /// `x[t] + p·x_stride + ch` and `w[t] + ch`; the output is `out + p·out_stride + ch`; `bias`
-/// null for none. Offsets: n 0, c 8, x_stride 16, out 24, out_stride 32, bias 40, taps 48,
-/// x 56 (`MAX_TAPS` pointers), w `56 + 8·MAX_TAPS`.
+/// null for none; then `post` clamps (`post_op[i]` [`TAP_MAX`] or [`TAP_MIN`] against
+/// `post_c[i]`, in order). Offsets: n 0, c 8, x_stride 16, out 24, out_stride 32, bias 40, taps
+/// 48, x 56 (`MAX_TAPS` pointers), w `56 + 8·MAX_TAPS`, post `56 + 16·MAX_TAPS`, post_op `+ 8`
+/// (u32 each), post_c `+ 16` (f32 each).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TapSumArgs {
@@ -34,6 +43,30 @@ pub struct TapSumArgs {
     pub taps: usize,
     pub x: [*const f32; MAX_TAPS],
     pub w: [*const f32; MAX_TAPS],
+    pub post: usize,
+    pub post_op: [u32; MAX_POST],
+    pub post_c: [f32; MAX_POST],
+}
+
+/// Whether clamp `op` against `c` takes `c` for `v`, and with which comparison: `(lhs_is_v,
+/// inclusive)` — `v < c` / `v <= c` for a max, `c < v` / `c <= v` for a min.
+fn clamp_form(op: u32, c: f32) -> (bool, bool) {
+    if op == TAP_MAX {
+        (true, c == 0.0 && c.is_sign_positive())
+    } else {
+        (false, c == 0.0 && c.is_sign_negative())
+    }
+}
+
+/// One clamp on one value (the vector paths do this per lane).
+fn clamp1(v: f32, op: u32, c: f32) -> f32 {
+    let (v_first, incl) = clamp_form(op, c);
+    let (a, b) = if v_first { (v, c) } else { (c, v) };
+    if (incl && a <= b) || (!incl && a < b) {
+        c
+    } else {
+        v
+    }
 }
 
 /// Runs [`TapSumArgs`] on the calling thread.
@@ -45,6 +78,9 @@ pub struct TapSumArgs {
 pub unsafe fn tap_sum_raw(a: &TapSumArgs, isa: Isa) -> Result<(), KernelError> {
     if a.taps == 0 || a.taps > MAX_TAPS {
         return Err(KernelError::Invalid("tap sum: 1..=32 taps"));
+    }
+    if a.post > MAX_POST || a.post_op[..a.post].iter().any(|&o| o > TAP_MIN) || a.post_c[..a.post].iter().any(|c| c.is_nan()) {
+        return Err(KernelError::Invalid("tap sum: at most 2 clamps, max or min, against a number"));
     }
     if a.n == 0 || a.c == 0 {
         return Ok(());
@@ -77,6 +113,9 @@ unsafe fn scalar(a: &TapSumArgs) {
                 if !a.bias.is_null() {
                     s += *a.bias.add(ch);
                 }
+                for i in 0..a.post {
+                    s = clamp1(s, a.post_op[i], a.post_c[i]);
+                }
                 *a.out.add(p * a.out_stride + ch) = s;
             }
         }
@@ -102,6 +141,16 @@ unsafe fn avx512(a: &TapSumArgs) {
                 }
                 if !a.bias.is_null() {
                     s = _mm512_add_ps(s, ld(a.bias.add(ch)));
+                }
+                for i in 0..a.post {
+                    let c = _mm512_set1_ps(a.post_c[i]);
+                    let take = match clamp_form(a.post_op[i], a.post_c[i]) {
+                        (true, true) => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(s, c),
+                        (true, false) => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(s, c),
+                        (false, true) => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(c, s),
+                        (false, false) => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(c, s),
+                    };
+                    s = _mm512_mask_blend_ps(take, s, c);
                 }
                 _mm512_mask_storeu_ps(a.out.add(p * a.out_stride + ch), k, s);
             }
@@ -130,6 +179,16 @@ unsafe fn avx2(a: &TapSumArgs) {
                 }
                 if !a.bias.is_null() {
                     s = _mm256_add_ps(s, ld(a.bias.add(ch)));
+                }
+                for i in 0..a.post {
+                    let c = _mm256_set1_ps(a.post_c[i]);
+                    let take = match clamp_form(a.post_op[i], a.post_c[i]) {
+                        (true, true) => _mm256_cmp_ps::<_CMP_LE_OQ>(s, c),
+                        (true, false) => _mm256_cmp_ps::<_CMP_LT_OQ>(s, c),
+                        (false, true) => _mm256_cmp_ps::<_CMP_LE_OQ>(c, s),
+                        (false, false) => _mm256_cmp_ps::<_CMP_LT_OQ>(c, s),
+                    };
+                    s = _mm256_blendv_ps(s, c, take);
                 }
                 let o = a.out.add(p * a.out_stride + ch);
                 if left == 8 {

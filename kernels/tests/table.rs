@@ -28,7 +28,9 @@ fn documented_offsets() {
         use kiln_kernels::taps::{TapSumArgs, MAX_TAPS};
         let at = [offset_of!(TapSumArgs, n), offset_of!(TapSumArgs, c), offset_of!(TapSumArgs, x_stride), offset_of!(TapSumArgs, out), offset_of!(TapSumArgs, out_stride), offset_of!(TapSumArgs, bias), offset_of!(TapSumArgs, taps), offset_of!(TapSumArgs, x), offset_of!(TapSumArgs, w)];
         assert_eq!(at, [0, 8, 16, 24, 32, 40, 48, 56, 56 + 8 * MAX_TAPS]);
-        assert_eq!(size_of::<TapSumArgs>(), 56 + 16 * MAX_TAPS);
+        let post = 56 + 16 * MAX_TAPS;
+        assert_eq!([offset_of!(TapSumArgs, post), offset_of!(TapSumArgs, post_op), offset_of!(TapSumArgs, post_c)], [post, post + 8, post + 16]);
+        assert_eq!(size_of::<TapSumArgs>(), post + 24);
     }
 
     let b = [

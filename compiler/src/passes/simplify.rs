@@ -15,7 +15,11 @@
 //!   then reads one broadcast mask row instead, and can skip padded keys);
 //! - `matmul(transpose(x))` where the transpose swaps just the last two dims → the MatMul's
 //!   `transpose_a`/`transpose_b` flag (other transposes feeding a MatMul become strides at
-//!   fusion).
+//!   fusion);
+//! - `max(reshape(x), c)` / `min(reshape(x), c)` with `c` one constant value and the reshape
+//!   used only there → `reshape(max(x, c))`: the clamp moves above the reshape, into the
+//!   elementwise group that computes `x` (a depthwise convolution's sum and its ReLU6, which
+//!   the importer's reshape back to rows kept apart: one more pass over the activation each).
 //!
 //! Nodes left without users are removed by `dce`.
 
@@ -43,8 +47,22 @@ impl Pass for Simplify {
 
     fn run(&self, graph: &Graph, _ctx: &mut PassCtx) -> Result<Graph> {
         let mut rw = Rewriter::new(graph);
+        // Original nodes read once and not graph outputs.
+        let mut uses = vec![0usize; graph.nodes.len()];
+        for n in &graph.nodes {
+            for v in &n.inputs {
+                uses[v.index()] += 1;
+            }
+        }
+        for o in &graph.outputs {
+            uses[o.index()] += 2;
+        }
         for (i, n) in graph.nodes.iter().enumerate() {
             let ins: Vec<ValueId> = n.inputs.iter().map(|&v| rw.get(v)).collect();
+            if let Some(v) = sink_reshape(&mut rw, n, &ins, &|v: ValueId| uses[v.index()] == 1)? {
+                rw.set(i, v);
+                continue;
+            }
             if let Some(v) = simplify_node(&mut rw, n, &ins)? {
                 rw.set(i, v);
             } else {
@@ -172,6 +190,29 @@ fn simplify_node(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId]) -> 
         }
         _ => Ok(None),
     }
+}
+
+/// `max`/`min` of a single-use reshape and one constant value → the reshape of the `max`/`min`
+/// of its source (operands in their order; the same value at every element).
+fn sink_reshape(rw: &mut Rewriter, n: &kiln_runtime::Node, ins: &[ValueId], single: &dyn Fn(ValueId) -> bool) -> Result<Option<ValueId>> {
+    let (Op::Binary(BinaryOp::Max | BinaryOp::Min), [a, b]) = (&n.op, ins) else { return Ok(None) };
+    let g = &rw.new;
+    let one = |v: ValueId| splat_const(g, v).is_some() && fixed_shape(&g.node(v).shape).is_some_and(|s| s.iter().product::<usize>() == 1);
+    let k = match (matches!(g.node(*a).op, Op::Reshape) && single(n.inputs[0]) && one(*b), matches!(g.node(*b).op, Op::Reshape) && single(n.inputs[1]) && one(*a)) {
+        (true, _) => 0,
+        (_, true) => 1,
+        _ => return Ok(None),
+    };
+    let mut args = [*a, *b];
+    let src = g.node(args[k]).inputs[0];
+    let src_shape = g.node(src).shape.clone();
+    let keeps = crate::ir::infer::broadcast_shapes(&n.name, &src_shape, &g.node(args[1 - k]).shape).is_ok_and(|s| s == src_shape);
+    if !keeps || g.node(src).dtype != n.dtype {
+        return Ok(None);
+    }
+    args[k] = src;
+    let y = rw.push(&n.name, n.op.clone(), args.to_vec(), &src_shape)?;
+    rw.push(&format!("{}.reshape", n.name), Op::Reshape, vec![y], &n.shape).map(Some)
 }
 
 /// `x` where `v` is `x*ones` or `ones*x` (`ones` an all-ones constant): an `Expand` as ONNX

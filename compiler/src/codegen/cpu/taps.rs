@@ -1,8 +1,9 @@
 //! Elementwise kernels that are per-channel weighted sums of shifted views — a depthwise
 //! convolution as the ONNX importer writes it, `((x₀·w₀ + x₁·w₁) + …) (+ bias)` with every
 //! `xₜ` one strided view at different offsets and every `wₜ` (and the bias) one value per
-//! channel — run through the kernel table's `tap_sum_f32` (16 or 8 lanes, the expression's
-//! operations in its order, see `kiln_kernels::taps`) instead of 4-lane generated code.
+//! channel, then up to two `max`/`min` against constants (ReLU, ReLU6) — run through the kernel
+//! table's `tap_sum_f32` (16 or 8 lanes, the expression's operations in its order, see
+//! `kiln_kernels::taps`) instead of 4-lane generated code.
 //! Anything else, or a sum past `MAX_TAPS` taps, stays an ordinary elementwise kernel.
 //!
 //! (A pattern at code generation rather than a kernel-IR op: the expression stays the one
@@ -10,7 +11,7 @@
 
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_kernels::table::KernelTable;
-use kiln_kernels::taps::{TapSumArgs, MAX_TAPS};
+use kiln_kernels::taps::{TapSumArgs, MAX_POST, MAX_TAPS, TAP_MAX, TAP_MIN};
 use kiln_runtime::graph::BinaryOp;
 use kiln_runtime::DType;
 use std::mem::offset_of;
@@ -19,10 +20,12 @@ use super::elementwise::{coalesce, tasks_for};
 use super::emit::{mf, Fx};
 use crate::kernel_ir::{BufferView, Expr, ExprId, ExprNode, Kernel};
 
-/// The taps `(x input, w input)` and the bias input of a matching expression.
+/// The taps `(x input, w input)`, the bias input and the clamps (in order) of a matching
+/// expression.
 struct Taps {
     taps: Vec<(usize, usize)>,
     bias: Option<usize>,
+    post: Vec<(u32, f32)>,
 }
 
 /// One value per channel: every stride 0 but the last, which is 1.
@@ -49,6 +52,23 @@ fn match_taps(k: &Kernel, e: &Expr) -> Option<Taps> {
         }
     };
     let mut cur = e.root();
+    // Clamps against constants, outermost first (`max`/`min` with a constant operand on either
+    // side, as generated code compiles them: a compare and a blend).
+    let mut post = Vec::new();
+    while post.len() < MAX_POST {
+        let ExprNode::Binary(op @ (BinaryOp::Max | BinaryOp::Min), a, b) = node(cur) else { break };
+        let (v, c) = match (node(*a), node(*b)) {
+            (_, ExprNode::Const(c)) => (*a, *c),
+            (ExprNode::Const(c), _) => (*b, *c),
+            _ => break,
+        };
+        if c.is_nan() {
+            break;
+        }
+        post.push((if *op == BinaryOp::Max { TAP_MAX } else { TAP_MIN }, c));
+        cur = v;
+    }
+    post.reverse();
     let mut bias = None;
     if let ExprNode::Binary(BinaryOp::Add, a, b) = node(cur) {
         if let Some(l) = load(*b).filter(|&l| per_channel(&k.inputs[l])) {
@@ -71,7 +91,7 @@ fn match_taps(k: &Kernel, e: &Expr) -> Option<Taps> {
         }
     }
     taps.reverse();
-    (2..=MAX_TAPS).contains(&taps.len()).then_some(Taps { taps, bias })
+    (2..=MAX_TAPS).contains(&taps.len()).then_some(Taps { taps, bias, post })
 }
 
 /// Emits `k` as tap-sum calls when its expression matches; returns its task count, or None
@@ -112,6 +132,14 @@ pub(crate) fn emit_tap_sum(fx: &mut Fx, k: &Kernel, e: &Expr) -> Option<u32> {
         None => fx.iconst(0),
     };
     store(fx, bias, offset_of!(TapSumArgs, bias));
+    let np = fx.iconst(t.post.len() as i64);
+    store(fx, np, offset_of!(TapSumArgs, post));
+    for (i, &(op, c)) in t.post.iter().enumerate() {
+        let o = fx.b.ins().iconst(cranelift_codegen::ir::types::I32, op as i64);
+        fx.b.ins().store(mf(), o, a, (offset_of!(TapSumArgs, post_op) + 4 * i) as i32);
+        let c = fx.b.ins().f32const(c);
+        fx.b.ins().store(mf(), c, a, (offset_of!(TapSumArgs, post_c) + 4 * i) as i32);
+    }
     for (i, &(_, w)) in t.taps.iter().enumerate() {
         let wp = fx.view_base(&k.inputs[w]);
         store(fx, wp, offset_of!(TapSumArgs, w) + 8 * i);
