@@ -135,6 +135,20 @@ pub fn scalar_const(g: &Graph, v: ValueId) -> Option<f32> {
     }
 }
 
+/// How many times each node is read, a graph output counting as one read.
+pub fn use_counts(graph: &Graph) -> Vec<usize> {
+    let mut uses = vec![0usize; graph.nodes.len()];
+    for n in &graph.nodes {
+        for i in &n.inputs {
+            uses[i.index()] += 1;
+        }
+    }
+    for o in &graph.outputs {
+        uses[o.index()] += 1;
+    }
+    uses
+}
+
 /// The single value of a constant node whose elements are all equal.
 pub fn splat_const(g: &Graph, v: ValueId) -> Option<f32> {
     match &g.node(v).op {

@@ -174,16 +174,7 @@ impl Pass for Norms {
     }
 
     fn run(&self, graph: &Graph, _ctx: &mut PassCtx) -> Result<Graph> {
-        let mut uses = vec![0usize; graph.nodes.len()];
-        for n in &graph.nodes {
-            for i in &n.inputs {
-                uses[i.index()] += 1;
-            }
-        }
-        for o in &graph.outputs {
-            uses[o.index()] += 1;
-        }
-        let m = Matcher { g: graph, uses };
+        let m = Matcher { g: graph, uses: super::use_counts(graph) };
         let mut rw = Rewriter::new(graph);
         for (i, n) in graph.nodes.iter().enumerate() {
             let found = m.root(ValueId(i as u32));

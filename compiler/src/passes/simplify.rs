@@ -48,15 +48,7 @@ impl Pass for Simplify {
     fn run(&self, graph: &Graph, _ctx: &mut PassCtx) -> Result<Graph> {
         let mut rw = Rewriter::new(graph);
         // Original nodes read once and not graph outputs.
-        let mut uses = vec![0usize; graph.nodes.len()];
-        for n in &graph.nodes {
-            for v in &n.inputs {
-                uses[v.index()] += 1;
-            }
-        }
-        for o in &graph.outputs {
-            uses[o.index()] += 2;
-        }
+        let uses = super::use_counts(graph);
         for (i, n) in graph.nodes.iter().enumerate() {
             let ins: Vec<ValueId> = n.inputs.iter().map(|&v| rw.get(v)).collect();
             if let Some(v) = sink_reshape(&mut rw, n, &ins, &|v: ValueId| uses[v.index()] == 1)? {
