@@ -429,8 +429,9 @@ pub enum KernelOp {
     /// Embedding lookup: `inputs[0]` = table view `[rows, cols]`, `inputs[1]` = integer ids view
     /// (shape `ids`); output view `ids ++ [cols]`. An id outside `0..rows` is a run-time error
     /// (or clamped: backends document which). Further inputs (`inputs[2..]`, each `[rows_i,
-    /// cols]`) continue the table: ids `rows..rows + rows_2` read `inputs[2]`, and so on (an
-    /// axis-0 concat folded into its gathers on targets that read several tables, the CPU).
+    /// cols]`, table 0's column stride) continue the table: ids `rows..rows + rows_2` read
+    /// `inputs[2]`, and so on (an axis-0 concat folded into its gathers on targets that read
+    /// several tables, the CPU).
     Gather,
     /// Reduction of the last `reduced_dims` dims of the iteration shape `shape`, of
     /// `x = prologue(loads)`; output view shape = `shape` without those dims. Mean divides the
@@ -721,9 +722,11 @@ impl KernelProgram {
                     if t.rank() != 2 || *out != want || !t_buf(self, ids).dtype.is_int() {
                         return Err(err(ki, format!("gather of {:?} by {:?} into {out:?}", t.shape, ids.shape)));
                     }
-                    // Further tables continue table 0's rows: same columns and element type.
+                    // Further tables continue table 0's rows: same columns, column stride and
+                    // element type.
                     for x in &k.inputs[2..] {
-                        if x.rank() != 2 || x.shape[1] != t.shape[1] || t_buf(self, x).dtype != t_buf(self, t).dtype {
+                        let stride_ok = t.shape[1] <= 1 || x.strides.get(1) == t.strides.get(1);
+                        if x.rank() != 2 || x.shape[1] != t.shape[1] || !stride_ok || t_buf(self, x).dtype != t_buf(self, t).dtype {
                             return Err(err(ki, format!("gather table {:?} after {:?}", x.shape, t.shape)));
                         }
                     }
