@@ -6,8 +6,8 @@
 //! Generated code runs such expressions 4 lanes wide (Cranelift's x86 vectors are 128-bit);
 //! this entry runs them 16 (AVX-512F) or 8 (AVX2) wide. Per element it does the expression's
 //! operations in the expression's order — each product rounded, then added to the running sum
-//! (no FMA), the bias last — so it gives the generated code's bits, and the reference's.
-//! (ONNX Runtime's depthwise kernels differ here: they fuse into FMAs.)
+//! (no FMA), the bias last, then the clamps — so it gives the generated code's bits on every
+//! ISA (the reference interprets in f64: within its tolerance).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
