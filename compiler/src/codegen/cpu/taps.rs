@@ -9,6 +9,7 @@
 //! (A pattern at code generation rather than a kernel-IR op: the expression stays the one
 //! definition every other backend and the reference evaluate; this is only how the CPU runs it.)
 
+use cranelift_codegen::ir::types::I32;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_kernels::table::KernelTable;
 use kiln_kernels::taps::{TapSumArgs, MAX_POST, MAX_TAPS, TAP_MAX, TAP_MIN};
@@ -135,10 +136,10 @@ pub(crate) fn emit_tap_sum(fx: &mut Fx, k: &Kernel, e: &Expr) -> Option<u32> {
     let np = fx.iconst(t.post.len() as i64);
     store(fx, np, offset_of!(TapSumArgs, post));
     for (i, &(op, c)) in t.post.iter().enumerate() {
-        let o = fx.b.ins().iconst(cranelift_codegen::ir::types::I32, op as i64);
-        fx.b.ins().store(mf(), o, a, (offset_of!(TapSumArgs, post_op) + 4 * i) as i32);
+        let o = fx.b.ins().iconst(I32, op as i64);
+        store(fx, o, offset_of!(TapSumArgs, post_op) + 4 * i);
         let c = fx.b.ins().f32const(c);
-        fx.b.ins().store(mf(), c, a, (offset_of!(TapSumArgs, post_c) + 4 * i) as i32);
+        store(fx, c, offset_of!(TapSumArgs, post_c) + 4 * i);
     }
     for (i, &(_, w)) in t.taps.iter().enumerate() {
         let wp = fx.view_base(&k.inputs[w]);
