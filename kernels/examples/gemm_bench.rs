@@ -1,6 +1,6 @@
 //! GEMM benchmark: measures this machine's FMA peak with a register-only microbenchmark, then the
 //! GFLOP/s of `kiln_kernels::gemm` at MiniLM shapes, single- and multi-threaded, as % of that peak,
-//! and the exact integer GEMM (`gemm_i16`, with and without VNNI) against it on the same shapes.
+//! and the exact integer GEMM (`gemm_i16`: i16 pairs with and without VNNI, byte quads) against it on the same shapes.
 //!
 //! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`; `COLD=a|b|c` makes
 //! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all);
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kiln_kernels::attention::{
     attention_batched, attention_batched_scratch_len, AttnDims, HeadsMut, HeadsRef,
 };
-use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, pack_b, EpilogueRef, PackedB, Split};
+use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, int_layout_for, pack_b, pack_b_int_into, packed_b_int_bytes, EpilogueRef, IntLayout, PackedB, Split};
 use kiln_kernels::math::{self, Activation, Unary};
 use kiln_kernels::threadpool::ThreadPool;
 use kiln_kernels::{detect_isa, Isa};
@@ -136,14 +136,14 @@ fn gemm_runner<'a>(
     }
 }
 
-/// [`gemm_runner`] for the integer GEMM (B packed as i16 pairs), VNNI used where `vnni`.
+/// [`gemm_runner`] for the integer GEMM (B packed in either layout), VNNI used where `vnni`.
 #[allow(clippy::too_many_arguments)]
 fn gemm_i16_runner<'a>(
     m: usize,
     k: usize,
     n: usize,
     a: &'a [f32],
-    pb16: &'a [i16],
+    pb16: &'a [u8],
     pool: Option<&'a ThreadPool>,
     isa: Isa,
     vnni: bool,
@@ -352,42 +352,60 @@ fn main() {
         println!("{:>20} {:>11.1}% {:>11.1}%", format!("{m}×{k}·{k}×{n}"), pc(t[0]), pc(t[1]));
     }
 
-    // The integer GEMM (quantized models' MatMulInteger): the same shapes over integers in
-    // [-255, 255] × [-128, 127] against the f32 GEMM of the same values, 1 and 2 threads (the
-    // i16 tile with VNNI where the machine has it, and without: `vpmaddwd` + `vpaddd`); GOP/s
-    // counts a multiply and an add per product, as GFLOP/s does.
+    // The integer GEMM (quantized models' MatMulInteger): the same shapes over a quantized
+    // activation's integers (256 consecutive values, [-127, 128]) × [-127, 127] against the f32
+    // GEMM of the same values, 1 and 2 threads: B as i16 pairs (with VNNI where the machine has
+    // it, and without: `vpmaddwd` + `vpaddd`) and as byte quads (`vpdpbusd`, where the machine
+    // has AVX512-VNNI); GOP/s counts a multiply and an add per product, as GFLOP/s does.
     println!();
-    println!("integer GEMM (i16 pairs, exact), best of interleaved runs, GOP/s and × the f32 GEMM:");
+    let quads = int_layout_for(&[0.0], 1, 1, 1, 1) == IntLayout::S8Quads;
     println!(
-        "{:>20} {:>8} {:>8} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6}",
-        "m×k·k×n", "1T f32", "1T i16", "×", "2T f32", "2T i16", "×", "2T madd", "×"
+        "integer GEMM (exact), best of interleaved runs, GOP/s and × the f32 GEMM{}:",
+        if quads { "" } else { " (no byte-quad tile on this machine)" }
+    );
+    println!(
+        "{:>20} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}",
+        "m×k·k×n", "1T f32", "1T i16", "×", "1T u8", "×", "2T f32", "2T i16", "×", "2T madd", "×", "2T u8", "×"
     );
     for &(m, k, n) in shapes {
         let ints = |len: usize, seed: u64, r: f32| rand_vec(len, seed).iter().map(|x| (x * 2.0 * r).round()).collect::<Vec<f32>>();
-        let a = ints(m * k, 1, 255.0);
+        let a = ints(m * k, 1, 127.5);
         let w = ints(n * k, 2, 127.0);
         let pb = pack_b(&w, k, n, k, true).expect("pack");
-        let mut pb16 = vec![0i16; kiln_kernels::gemm::packed_b_i16_len(k, n)];
-        kiln_kernels::gemm::pack_b_i16_into(&w, k, n, 1, k, &mut pb16).expect("pack i16");
+        let pack = |layout| {
+            let mut p = vec![0u8; packed_b_int_bytes(k, n, layout)];
+            pack_b_int_into(&w, k, n, 1, k, 127, layout, &mut p).expect("pack integers");
+            p
+        };
+        let (pb16, pb8) = (pack(IntLayout::I16Pairs), pack(IntLayout::S8Quads));
         let flops = 2.0 * (m * n * k) as f64;
         let i16_runner = |vnni, pool| gemm_i16_runner(m, k, n, &a, &pb16, pool, isa, vnni);
+        let u8_runner = |pool| gemm_i16_runner(m, k, n, &a, &pb8, pool, isa, true);
         let (mut f1, mut v1) = (gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), None, isa, Split::Auto), i16_runner(true, None));
-        let t1 = best_of(min_time, &mut [&mut f1, &mut v1]);
+        let mut u1 = u8_runner(None);
+        let t1 = if quads { best_of(min_time, &mut [&mut f1, &mut v1, &mut u1]) } else { best_of(min_time, &mut [&mut f1, &mut v1]) };
         let mut f2 = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), Some(&pool2), isa, Split::Auto);
         let (mut v2, mut p2) = (i16_runner(true, Some(&pool2)), i16_runner(false, Some(&pool2)));
-        let t2 = best_of(min_time, &mut [&mut f2, &mut v2, &mut p2]);
+        let mut u2 = u8_runner(Some(&pool2));
+        let t2 = if quads { best_of(min_time, &mut [&mut f2, &mut v2, &mut p2, &mut u2]) } else { best_of(min_time, &mut [&mut f2, &mut v2, &mut p2]) };
         let g = |t: f64| flops / t / 1e9;
+        let quad = |t: &[f64], i: usize| if quads { (format!("{:.1}", g(t[i])), format!("{:.2}×", t[0] / t[i])) } else { ("-".into(), "-".into()) };
+        let ((u1g, u1x), (u2g, u2x)) = (quad(&t1, 2), quad(&t2, 3));
         println!(
-            "{:>20} {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>5.2}×",
+            "{:>20} {:>8.1} {:>8.1} {:>5.2}× {:>8} {:>6} {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>5.2}× {:>8} {:>6}",
             format!("{m}×{k}·{k}×{n}"),
             g(t1[0]),
             g(t1[1]),
             t1[0] / t1[1],
+            u1g,
+            u1x,
             g(t2[0]),
             g(t2[1]),
             t2[0] / t2[1],
             g(t2[2]),
-            t2[0] / t2[2]
+            t2[0] / t2[2],
+            u2g,
+            u2x
         );
     }
 

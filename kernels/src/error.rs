@@ -23,6 +23,9 @@ pub enum KernelError {
     BadActivation(u32),
     /// Element `index` of an operand the i16 GEMM packs is not an integer in [-32768, 32767].
     NotInteger { what: &'static str, index: usize },
+    /// Element `index` of an operand the integer GEMM packs is past the bound `bound` on its
+    /// magnitude (the one its sums were proven exact under).
+    PastBound { what: &'static str, index: usize, bound: u32 },
     /// Any other inconsistent argument.
     Invalid(&'static str),
 }
@@ -35,7 +38,7 @@ impl KernelError {
             KernelError::BadStride { .. } => 2,
             KernelError::ScratchTooSmall { .. } => 3,
             KernelError::BadActivation(_) => 4,
-            KernelError::Invalid(_) | KernelError::NotInteger { .. } => 5,
+            KernelError::Invalid(_) | KernelError::NotInteger { .. } | KernelError::PastBound { .. } => 5,
         }
     }
 }
@@ -61,6 +64,9 @@ impl fmt::Display for KernelError {
             KernelError::BadActivation(c) => write!(f, "unknown activation code {c}"),
             KernelError::NotInteger { what, index } => {
                 write!(f, "{what}: element {index} is not an integer in [-32768, 32767]")
+            }
+            KernelError::PastBound { what, index, bound } => {
+                write!(f, "{what}: element {index} is past the bound ±{bound}")
             }
             KernelError::Invalid(msg) => write!(f, "invalid kernel argument: {msg}"),
         }

@@ -37,7 +37,9 @@ use std::mem::offset_of;
 /// 4: the GEMM epilogue's `GATED` bit: `(acc + bias) · act(residual)`.
 /// 5: the `gemm_i16` entry (integer operands, exact sums).
 /// 6: the `tap_sum_f32` entry (per-channel weighted sums of shifted rows).
-pub const KERNEL_ABI_VERSION: u32 = 6;
+/// 7: `gemm_i16`'s packed B starts with a header naming its layout (i16 pairs or byte quads,
+///    `gemm::int_b`); its A scratch covers the byte-quad packing.
+pub const KERNEL_ABI_VERSION: u32 = 7;
 
 /// A GEMM entry whose packed B holds `B` elements: `(table, m, n, k, a, lda, b_packed, c, ldc,
 /// accumulate, epilogue, scratch, scratch_len) -> status`.
@@ -58,9 +60,9 @@ pub type GemmFnOf<B> = unsafe extern "C" fn(
 ) -> i32;
 /// `gemm_f32`: `C[m×n] = epilogue(scale·A·B (+ C if accumulate != 0))`, see [`raw_gemm_f32`].
 pub type GemmFn = GemmFnOf<f32>;
-/// `gemm_i16`: [`GemmFn`]'s arguments with B packed by [`crate::gemm::pack_b_i16_into`], see
+/// `gemm_i16`: [`GemmFn`]'s arguments with B packed by [`crate::gemm::pack_b_int_into`], see
 /// [`raw_gemm_i16`].
-pub type GemmI16Fn = GemmFnOf<i16>;
+pub type GemmI16Fn = GemmFnOf<u8>;
 /// `gemm_batched_f32(table, args)`.
 pub type BatchedGemmFn = unsafe extern "C" fn(*const KernelTable, *const BatchedGemmArgs) -> i32;
 /// `attention_f32(table, args)`.
@@ -248,11 +250,13 @@ pub unsafe extern "C" fn raw_gemm_f32(
 
 /// Integer GEMM entry: as [`raw_gemm_f32`] with A's f32 values integers in [-32768, 32767]
 /// (others converted as `gemm::int16` documents), B packed by
-/// [`crate::gemm::pack_b_i16_into`], the sums exact (the caller keeps k·max|a|·max|b| < 2^31),
+/// [`crate::gemm::pack_b_int_into`] (either layout: its header says which, and its k and n
+/// must be the call's), the sums exact (the caller keeps k·max|a|·max|b| < 2^31),
 /// and scratch for `gemm_i16_scratch_len(m, k, 1)` floats at least.
 ///
 /// # Safety
-/// As [`raw_gemm_f32`], with `b_packed` readable for `packed_b_i16_len(k, n)` i16.
+/// As [`raw_gemm_f32`], with `b_packed` readable for the `packed_b_int_bytes(k, n, layout)`
+/// bytes of the layout its header names.
 pub unsafe extern "C" fn raw_gemm_i16(
     table: *const KernelTable,
     m: usize,
@@ -260,7 +264,7 @@ pub unsafe extern "C" fn raw_gemm_i16(
     k: usize,
     a: *const f32,
     lda: usize,
-    b_packed: *const i16,
+    b_packed: *const u8,
     c: *mut f32,
     ldc: usize,
     accumulate: usize,

@@ -598,8 +598,10 @@ fn integer_gemm_through_the_table_matches_safe_api() {
         let a: Vec<f32> = r.vec(m * k).iter().map(|x| (x * 255.0).round()).collect();
         let w: Vec<f32> = r.vec(n * k).iter().map(|x| (x * 127.0).round()).collect();
         let bias = r.vec(n);
-        let mut packed = vec![0i16; kiln_kernels::gemm::packed_b_i16_len(k, n)];
-        kiln_kernels::gemm::pack_b_i16_into(&w, k, n, n, 1, &mut packed).unwrap();
+        // The layout this machine's runtime packs a weight of this bound in.
+        let layout = kiln_kernels::gemm::int_layout_for(&w, k, n, n, 1);
+        let mut packed = vec![0u8; kiln_kernels::gemm::packed_b_int_bytes(k, n, layout)];
+        kiln_kernels::gemm::pack_b_int_into(&w, k, n, n, 1, 127, layout, &mut packed).unwrap();
         let epi = Epilogue { bias: bias.as_ptr(), residual: std::ptr::null(), residual_stride: 0, activation: Activation::Relu as u32, scale: 0.25 };
         let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
         let mut c_raw = vec![0.0f32; m * n];

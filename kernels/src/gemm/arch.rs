@@ -38,8 +38,12 @@ pub(crate) struct Arch {
     pub(super) wide: Option<WideFn>,
     /// Columns of A per packed slot: 1 (f32), 2 (the i16 path: a slot is a pair of i16).
     pub(super) slot_cols: usize,
-    /// k runs in one block (the i16 path: its integer sums are converted to f32 once).
+    /// k runs in one block (the integer paths: their sums are converted to f32 once).
     pub(super) whole_k: bool,
+    /// Packed slots past ceil(k/slot_cols) in each A strip and each B panel: the byte-quad
+    /// path's trailers (its rows' offsets and high-byte link; its columns' sums, see `int8`).
+    pub(super) a_extra: usize,
+    pub(super) b_extra: usize,
 }
 
 impl Arch {
@@ -53,6 +57,8 @@ impl Arch {
                 wide: None,
                 slot_cols: 1,
                 whole_k: false,
+                a_extra: 0,
+                b_extra: 0,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Arch {
@@ -62,6 +68,8 @@ impl Arch {
                 wide: Some(avx512::wide),
                 slot_cols: 1,
                 whole_k: false,
+                a_extra: 0,
+                b_extra: 0,
             },
             _ => Arch {
                 kernel: scalar::kernel,
@@ -70,6 +78,8 @@ impl Arch {
                 wide: None,
                 slot_cols: 1,
                 whole_k: false,
+                a_extra: 0,
+                b_extra: 0,
             },
         }
     }

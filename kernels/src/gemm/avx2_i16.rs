@@ -1,5 +1,6 @@
-//! AVX2 pieces of the i16 GEMM (see `int16`): the 6×16 tile over i16 pairs and the A packing
-//! that converts f32 to them. `Arch::for_isa_i16` hands them out only after runtime detection.
+//! AVX2 pieces of the integer GEMM (see `int16`): the 6×16 tile over i16 pairs and the A packing
+//! that converts f32 to them, and the byte-quad tile's store where no VNNI tile runs (`int8`).
+//! `Arch::for_isa_i16` and `Arch::for_isa_u8` hand them out only after runtime detection.
 
 use super::avx2::{store_tile, NV};
 use super::int16::row_slot;
@@ -166,5 +167,41 @@ unsafe fn sixteen_to_pairs(p: *const f32) -> __m256 {
         let hi = _mm256_cvtps_epi32(_mm256_loadu_ps(p.add(8)));
         // packs works per 128-bit lane: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7) → 64-bit chunks 0, 2, 1, 3.
         _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi)))
+    }
+}
+
+/// The byte-quad tile where the table runs without the AVX512-VNNI one: `int8::sums`, stored by
+/// the AVX2 f32 tile's store (so the bits are the AVX2 and AVX-512 paths').
+///
+/// # Safety
+/// AVX2 and FMA present; as `int8::sums`; `c` writable for mr ≤ MR rows of nr ≤ NR floats at
+/// stride ldc.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel_u8(
+    kc: usize,
+    a: *const f32,
+    _a_ld: usize,
+    b: *const f32,
+    _b_next: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: bool,
+    mr: usize,
+    nr: usize,
+    _pf: (usize, usize),
+    post: Option<TilePost>,
+) {
+    // SAFETY: forwarded; each row's NR sums are read as NV vectors of 8.
+    unsafe {
+        let acc = super::int8::sums(kc, a, b);
+        let mut accf = [[_mm256_setzero_ps(); NV]; MR];
+        for (f, row) in accf.iter_mut().zip(&acc) {
+            for (v, x) in f.iter_mut().enumerate() {
+                *x = _mm256_cvtepi32_ps(_mm256_loadu_si256(row[v * 8..].as_ptr().cast()));
+            }
+        }
+        store_tile::<MR>(&accf, c, ldc, alpha, beta, mr, nr, post)
     }
 }

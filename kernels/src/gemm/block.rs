@@ -87,7 +87,9 @@ pub(crate) unsafe fn gemm_block(
     let alpha = d.epi.scale;
     // The packed operands' k extent: one slot per column of A (f32), or per pair of columns
     // (the i16 path, see `int16`).
-    let k = d.k.div_ceil(arch.slot_cols);
+    let k = d.k.div_ceil(arch.slot_cols) + arch.a_extra;
+    // A B panel's extent in slots (the byte-quad path's trailers differ from A's).
+    let kb = k - arch.a_extra + arch.b_extra;
     // Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than 384 + 128).
     // The i16 path runs k in one block: its exact integer sums are converted to f32 once.
     let kc_step = if arch.whole_k { k } else { k.div_ceil(k.div_ceil(KC)) };
@@ -141,7 +143,7 @@ pub(crate) unsafe fn gemm_block(
                     let col0 = p * NR;
                     let nr = (np * NR).min(d.n - col0);
                     // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
-                    let bp = unsafe { d.b.add(p * k * NR + kc0 * NR) };
+                    let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
                     let mut ir = 0;
                     while ir < mc {
                         let mr = (2 * MR).min(mc - ir);
@@ -150,7 +152,7 @@ pub(crate) unsafe fn gemm_block(
                         // rows ir..ir+mr of the block (packed: the strips at ir·kc).
                         unsafe {
                             let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                            wide(kc, strip(ir), a_ld, bp, k * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                            wide(kc, strip(ir), a_ld, bp, kb * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
                         }
                         ir += 2 * MR;
                     }
@@ -163,7 +165,7 @@ pub(crate) unsafe fn gemm_block(
                 let col0 = p * NR;
                 let nr = NR.min(d.n - col0);
                 // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
-                let bp = unsafe { d.b.add(p * k * NR + kc0 * NR) };
+                let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
                 let mut ir = 0;
                 while ir < mc {
                     let mr = MR.min(mc - ir);
@@ -171,7 +173,7 @@ pub(crate) unsafe fn gemm_block(
                     // ir..ir+mr of the block (packed: the strip at ir·kc).
                     unsafe {
                         let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        let bn = bp.wrapping_add(k * NR);
+                        let bn = bp.wrapping_add(kb * NR);
                         let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
                         (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
                     }

@@ -5,16 +5,19 @@
 //! - **Why i16 pairs**: `vpmaddwd` (AVX2, AVX-512BW) multiplies 16-bit pairs and adds each pair
 //!   into an i32 lane, two multiply-adds per lane per instruction, twice the f32 FMA's; with
 //!   VNNI (`vpdpwssd`, AVX512-VNNI or AVX-VNNI) the add into the accumulator is the same
-//!   instruction. A dynamically quantized activation minus its zero point spans [-255, 255],
-//!   which u8×s8 (`vpdpbusd`, four per lane) cannot hold without a compensation term; the
-//!   pairs hold it as is, and asymmetric (uint8) weights too.
+//!   instruction. A dynamically quantized activation minus its zero point lies in [-255, 255],
+//!   and asymmetric (uint8) weights minus theirs too: the pairs hold them as they are. Where
+//!   the machine has AVX512-VNNI and B fits a signed byte, the runtime packs B as byte quads
+//!   instead (`int8`: four products per lane, A offset per row and corrected by column sums);
+//!   the packed B's header says which (`int_b`).
 //! - **Exact**: every product and partial sum is an exact i32 (the caller keeps
 //!   k·max|a|·max|b| < 2^31), so the result is the same on every ISA, every tile and every
 //!   split across threads, and it is the exact integer rounded once to f32 — where the f32 GEMM
 //!   of the same integers rounds each partial sum past 2^24.
 //! - **Layouts**: the f32 GEMM's, with a 4-byte slot holding two i16 (k steps 2q and 2q+1, the
 //!   lower one in the low half) in place of one f32, so the blocking, threading and epilogue
-//!   code are the f32 GEMM's own (`block`, `split`; `Arch::slot_cols` = 2). Packed B: panels of
+//!   code are the f32 GEMM's own (`block`, `split`; `Arch::slot_cols` = 2). Packed B (after the
+//!   header): panels of
 //!   [`NR`] columns, `ceil(k/2)` slots per column, k-pair-major; packed A: [`MR`]-row strips of
 //!   slots, converted from f32 as they are packed (round to nearest, NaN to -32768, as
 //!   `cvtps2dq` + `packssdw` do). k runs in one block (`Arch::whole_k`): C is written once,
@@ -22,17 +25,15 @@
 
 use super::*;
 
-/// i16 elements a packed B of `k`×`n` occupies: `ceil(n/NR)·NR·2·ceil(k/2)`.
-pub fn packed_b_i16_len(k: usize, n: usize) -> usize {
-    n.div_ceil(NR) * NR * 2 * k.div_ceil(2)
-}
-
-/// Floats of A-packing scratch one thread of the i16 GEMM needs for an m×k A (one k block).
+/// Floats of A-packing scratch one thread of the integer GEMM needs for an m×k A (one k
+/// block): the larger of the two layouts' — i16 pairs, ceil(k/2) slots a row, or byte quads,
+/// kq = ceil(k/4) slots of low bytes, two trailer slots, kq more of high bytes (`int8`).
 pub(crate) fn apack_len_i16(m: usize, k: usize) -> usize {
     if k == 0 || m == 0 {
         return 0;
     }
-    m.min(MC).div_ceil(MR) * MR * k.div_ceil(2) + ALIGN_SLACK
+    let slots = k.div_ceil(2).max(2 * k.div_ceil(4) + 2);
+    m.min(MC).div_ceil(MR) * MR * slots + ALIGN_SLACK
 }
 
 /// Scratch floats [`gemm_i16`] needs on `threads` threads (with less it runs on as many as fit).
@@ -46,50 +47,24 @@ pub fn as_i16(x: f32) -> Option<i16> {
     (x == x.trunc() && (-32768.0..=32767.0).contains(&x)).then_some(x as i16)
 }
 
-/// Packs B for [`gemm_i16`]: B(p, j) = `b[p·row_stride + j·col_stride]` for p < k, j < n, each an
-/// integer in [-32768, 32767] (else [`KernelError::NotInteger`] naming the element's index in
-/// `b`). `dst`: at least [`packed_b_i16_len`]`(k, n)` elements; padding is zero.
-pub fn pack_b_i16_into(
-    b: &[f32],
-    k: usize,
-    n: usize,
-    row_stride: usize,
-    col_stride: usize,
-    dst: &mut [i16],
-) -> Result<(), KernelError> {
-    check_len("packed b", dst.len(), packed_b_i16_len(k, n))?;
-    if k == 0 || n == 0 {
-        return Ok(());
-    }
-    let end = (k - 1)
-        .checked_mul(row_stride)
-        .and_then(|r| (n - 1).checked_mul(col_stride).and_then(|c| r.checked_add(c)))
-        .and_then(|l| l.checked_add(1))
-        .ok_or(KernelError::Invalid("packed b view overflows"))?;
-    check_len("b", b.len(), end)?;
+/// The i16-pair panels (after the header, see `int_b`): panels of [`NR`] columns,
+/// `ceil(k/2)` slots per column, k-pair-major, B(p, j) = `at(p, j)` (zero past k and n).
+pub(super) fn pack_b_panels(k: usize, n: usize, at: impl Fn(usize, usize) -> i16, dst: &mut [u8]) {
     let pairs = k.div_ceil(2);
     for pan in 0..n.div_ceil(NR) {
-        let panel = &mut dst[pan * pairs * NR * 2..(pan + 1) * pairs * NR * 2];
-        for jj in 0..NR {
-            let j = pan * NR + jj;
-            for p in 0..pairs * 2 {
-                let v = if j < n && p < k {
-                    let at = p * row_stride + j * col_stride;
-                    as_i16(b[at]).ok_or(KernelError::NotInteger { what: "b", index: at })?
-                } else {
-                    0
-                };
-                panel[(p / 2) * NR * 2 + jj * 2 + p % 2] = v;
+        for p in 0..pairs * 2 {
+            for jj in 0..NR {
+                let o = ((pan * pairs + p / 2) * NR + jj) * 4 + (p % 2) * 2;
+                dst[o..o + 2].copy_from_slice(&at(p, pan * NR + jj).to_le_bytes());
             }
         }
     }
-    Ok(())
 }
 
 /// `x` as the packed A holds it: nearest integer (ties to even), saturated to i16, NaN and
 /// |x| ≥ 2^31 to -32768 (what `cvtps2dq` then `packssdw` give, so every path packs the same).
 #[inline]
-fn to_i16(x: f32) -> i16 {
+pub(super) fn to_i16(x: f32) -> i16 {
     if x.is_nan() || x.abs() >= 2147483648.0 {
         return i16::MIN;
     }
@@ -202,10 +177,10 @@ impl Arch {
 }
 
 /// `C[m×n] = epilogue(scale·A·B (+ C))` over integers: `a` m rows of k f32 integers at stride
-/// `lda`, `b_packed` from [`pack_b_i16_into`]; `scratch` at least
-/// [`gemm_i16_scratch_len`]`(m, k, 1)` floats. The caller keeps k·max|a|·max|b| < 2^31 (the sums
-/// exact) and every A value an integer in [-32768, 32767]; others are converted as the module
-/// docs say.
+/// `lda`, `b_packed` from [`pack_b_int_into`] in either layout (its header says which);
+/// `scratch` at least [`gemm_i16_scratch_len`]`(m, k, 1)` floats. The caller keeps
+/// k·max|a|·max|b| < 2^31 (the sums exact) and every A value an integer in [-32768, 32767];
+/// others are converted as the module docs say.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_i16(
     m: usize,
@@ -213,7 +188,7 @@ pub fn gemm_i16(
     n: usize,
     a: &[f32],
     lda: usize,
-    b_packed: &[i16],
+    b_packed: &[u8],
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
@@ -226,7 +201,7 @@ pub fn gemm_i16(
 }
 
 /// [`gemm_i16`] with the VNNI instructions left unused where `vnni` is false (tests and
-/// benchmarks of the other tiles on a VNNI machine).
+/// benchmarks of the other tiles on a VNNI machine; byte quads then run the portable tile).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_i16_variant(
@@ -235,7 +210,7 @@ pub fn gemm_i16_variant(
     n: usize,
     a: &[f32],
     lda: usize,
-    b_packed: &[i16],
+    b_packed: &[u8],
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
@@ -245,16 +220,20 @@ pub fn gemm_i16_variant(
     isa: Isa,
     vnni: bool,
 ) -> Result<(), KernelError> {
-    let d = desc(m, k, n, a, lda, b_packed, packed_b_i16_len(k, n), c, ldc, accumulate, epi)?;
+    check_len("packed b", b_packed.len(), INT_B_HEADER)?;
+    // SAFETY: the header's bytes are in the slice.
+    let layout = unsafe { read_header(b_packed.as_ptr(), k, n)? };
+    let d = desc(m, k, n, a, lda, b_packed, packed_b_int_bytes(k, n, layout), c, ldc, accumulate, epi)?;
     // SAFETY: every operand extent checked above; scratch is a distinct &mut borrow.
     unsafe { gemm_i16_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, vnni) }
 }
 
-/// Raw i16 GEMM (`d.b` packed by [`pack_b_i16_into`], `d.k` A's columns); VNNI used where
-/// present unless `vnni` is false.
+/// Raw integer GEMM (`d.b` packed by [`pack_b_int_into`], header first; `d.k` A's columns);
+/// VNNI used where present unless `vnni` is false.
 ///
 /// # Safety
-/// As [`gemm_raw`], with B packed for the i16 path.
+/// As [`gemm_raw`], with `d.b` (when k > 0) a packed integer B of the size its header's layout
+/// gives for k×n.
 pub(crate) unsafe fn gemm_i16_raw(
     d: &GemmDesc,
     scratch: *mut f32,
@@ -263,6 +242,19 @@ pub(crate) unsafe fn gemm_i16_raw(
     isa: Isa,
     vnni: bool,
 ) -> Result<(), KernelError> {
+    let mut d = *d;
+    let arch = if d.k == 0 {
+        // Nothing of B is read.
+        Arch::for_isa_i16(isa, vnni)
+    } else {
+        // SAFETY: caller contract: the header precedes the panels.
+        let layout = unsafe { read_header(d.b.cast(), d.k, d.n)? };
+        d.b = d.b.cast::<u8>().wrapping_add(INT_B_HEADER).cast();
+        match layout {
+            IntLayout::I16Pairs => Arch::for_isa_i16(isa, vnni),
+            IntLayout::S8Quads => Arch::for_isa_u8(isa, vnni),
+        }
+    };
     // SAFETY: forwarded.
-    unsafe { gemm_raw_with(d, &Arch::for_isa_i16(isa, vnni), apack_len_i16(d.m, d.k), scratch, scratch_len, pool, Split::Auto) }
+    unsafe { gemm_raw_with(&d, &arch, apack_len_i16(d.m, d.k), scratch, scratch_len, pool, Split::Auto) }
 }

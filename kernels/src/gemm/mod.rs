@@ -68,10 +68,14 @@ mod avx2_i16;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_i16;
+#[cfg(target_arch = "x86_64")]
+mod avx512_u8;
 mod batched;
 mod block;
 mod epilogue;
 mod int16;
+mod int8;
+mod int_b;
 mod pack;
 mod scalar;
 mod split;
@@ -86,7 +90,9 @@ pub use epilogue::{Epilogue, EpilogueRef, GATED};
 pub(crate) use pack::{align64, apack_len, pack_b_raw};
 pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
 pub(crate) use int16::gemm_i16_raw;
-pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant, pack_b_i16_into, packed_b_i16_len};
+pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant};
+use int_b::read_header;
+pub use int_b::{int_layout_for, pack_b_int_into, packed_b_int_bytes, IntLayout, INT_B_HEADER};
 pub(crate) use split::{gemm_raw, gemm_raw_with};
 pub use split::Split;
 

@@ -243,27 +243,30 @@ impl CpuWeights {
                 let ckpt = f32_values(t);
                 let storage = view_storage(&ckpt, slot, *transposed);
                 let src = &storage[(*offset).min(storage.len())..];
-                let len = kiln_kernels::gemm::packed_b_i16_len(*k, *n);
-                let mut a = Aligned::zeroed(len * 2)?;
-                // SAFETY: the memory is page-aligned and holds len·2 zeroed bytes; every bit
-                // pattern is a valid i16.
-                let dst = unsafe { std::slice::from_raw_parts_mut(a.as_mut_bytes().as_mut_ptr().cast::<i16>(), len) };
-                kiln_kernels::gemm::pack_b_i16_into(src, *k, *n, *row_stride, *col_stride, dst).map_err(|e| match e {
-                    kiln_kernels::KernelError::NotInteger { index, .. } => {
-                        // The element's place in the checkpoint tensor (the storage may be its
-                        // transpose).
+                // The layout this machine's fastest integer tile reads (the header records it).
+                let layout = kiln_kernels::gemm::int_layout_for(src, *k, *n, *row_stride, *col_stride);
+                let mut a = Aligned::zeroed(kiln_kernels::gemm::packed_b_int_bytes(*k, *n, layout))?;
+                kiln_kernels::gemm::pack_b_int_into(src, *k, *n, *row_stride, *col_stride, *max_abs, layout, a.as_mut_bytes()).map_err(|e| {
+                    // The element's place in the checkpoint tensor (the storage may be its
+                    // transpose).
+                    let place = |index: usize| {
                         let e = offset + index;
-                        let at = if *transposed { e % slot.shape[0] * slot.shape[1] + e / slot.shape[0] } else { e };
-                        bad(format!(
-                            "element {at} (row-major) is {}, not an integer in [-32768, 32767]: the plan was compiled for integer weights (a quantized model's)",
+                        if *transposed { e % slot.shape[0] * slot.shape[1] + e / slot.shape[0] } else { e }
+                    };
+                    match e {
+                        kiln_kernels::KernelError::NotInteger { index, .. } => bad(format!(
+                            "element {} (row-major) is {}, not an integer in [-32768, 32767]: the plan was compiled for integer weights (a quantized model's)",
+                            place(index),
                             src[index]
-                        ))
+                        )),
+                        kiln_kernels::KernelError::PastBound { index, .. } => bad(format!(
+                            "element {} (row-major) is {}, past the bound ±{max_abs} the plan was compiled for (its integer sums stay exact under it)",
+                            place(index),
+                            src[index]
+                        )),
+                        e => bad(format!("cannot pack: {e}")),
                     }
-                    e => bad(format!("cannot pack: {e}")),
                 })?;
-                if let Some(v) = dst.iter().find(|v| v.unsigned_abs() as u32 > *max_abs) {
-                    return Err(bad(format!("holds {v}, past the bound ±{max_abs} the plan was compiled for (its integer sums stay exact under it)")));
-                }
                 Ok(Prepared::Owned(a))
             }
         }

@@ -30,7 +30,7 @@ use crate::kernel_ir::{Expr, ExprId, ExprNode, Kernel, BufferView};
 
 // The calls below are emitted for these exact entry signatures (written out here, not taken
 // from kiln-kernels' `GemmFnOf`): a change in kiln-kernels must fail to compile here rather than
-// be called with the wrong arguments. B's element is f32 (`gemm_f32`) or i16 (`gemm_i16`).
+// be called with the wrong arguments. B's element is f32 (`gemm_f32`) or bytes (`gemm_i16`: a header, then its layout's panels).
 type EmittedGemm<B> = unsafe extern "C" fn(
     *const KernelTable,
     usize,
@@ -47,7 +47,7 @@ type EmittedGemm<B> = unsafe extern "C" fn(
     usize,
 ) -> i32;
 const _: EmittedGemm<f32> = kiln_kernels::table::raw_gemm_f32;
-const _: EmittedGemm<i16> = kiln_kernels::table::raw_gemm_i16;
+const _: EmittedGemm<u8> = kiln_kernels::table::raw_gemm_i16;
 const _: kiln_kernels::table::GemmFn = kiln_kernels::table::raw_gemm_f32;
 const _: kiln_kernels::table::GemmI16Fn = kiln_kernels::table::raw_gemm_i16;
 const _: unsafe extern "C" fn(*const f32, usize, usize, usize, usize, *mut f32) = kiln_kernels::table::raw_pack_b_f32;
