@@ -70,10 +70,18 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
                         let x = if p + 16 <= cols { _mm512_loadu_ps(row.add(p)) } else { _mm512_maskz_loadu_ps(tail_mask, row.add(p)) };
                         // Truncation to bytes: w & 255, w itself (0 ≤ w ≤ 255).
                         let bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(to_i16_lanes(x), o));
-                        let slots: [i32; 4] = std::mem::transmute(bytes);
                         let q0 = p / 4;
-                        for (t, &v) in slots.iter().enumerate().take(kq - q0) {
-                            *d.add(s + (q0 + t) * MR + i) = v;
+                        let at = d.add(s + q0 * MR + i);
+                        if q0 + 4 <= kq {
+                            *at = _mm_cvtsi128_si32(bytes);
+                            *at.add(MR) = _mm_extract_epi32::<1>(bytes);
+                            *at.add(2 * MR) = _mm_extract_epi32::<2>(bytes);
+                            *at.add(3 * MR) = _mm_extract_epi32::<3>(bytes);
+                        } else {
+                            let slots: [i32; 4] = std::mem::transmute(bytes);
+                            for (t, &v) in slots.iter().enumerate().take(kq - q0) {
+                                *at.add(t * MR) = v;
+                            }
                         }
                         p += 16;
                     }
