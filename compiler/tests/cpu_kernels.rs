@@ -509,6 +509,64 @@ fn depthwise_tap_sums_run_in_the_kernel_table() {
     }
 }
 
+/// The maximum as defined on the floats: the largest, -0 below +0, NaN if any is NaN.
+fn max_of(v: impl Iterator<Item = f32>) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for x in v {
+        if x.is_nan() {
+            return f32::NAN;
+        }
+        if x > m || (x == 0.0 && m == 0.0 && x.is_sign_positive()) {
+            m = x;
+        }
+    }
+    m
+}
+
+#[test]
+fn max_reductions_run_in_the_kernel_table() {
+    // A dynamic quantization's range: max(x) per row and max(-x) over whole rows of rows, large
+    // enough for two tasks.
+    let (a, r, c) = (4, 64, 300);
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![f(a), f(r), f(c)], InputRole::Other).unwrap();
+    let m = b.reduce(ReduceOp::Max, x, &[2], false).unwrap();
+    let nx = b.unary(UnaryOp::Neg, x).unwrap();
+    let n = b.reduce(ReduceOp::Max, nx, &[1, 2], false).unwrap();
+    b.output("m", m);
+    b.output("n", n);
+    let g = b.finish().unwrap();
+    let bucket = Bucket::new(1, 1);
+    check("rowmax", &g, bucket, 0.0);
+    // Rows of one zero sign, of both, with a NaN, of -inf only; the rest random.
+    let mut rng = Rng::new(23);
+    let mut xv: Vec<f32> = (0..a * r * c).map(|_| rng.uniform(-100.0, 100.0)).collect();
+    let row = |xv: &mut Vec<f32>, i: usize, f: &dyn Fn(usize) -> f32| (0..c).for_each(|j| xv[i * c + j] = f(j));
+    row(&mut xv, 0, &|_| -0.0);
+    row(&mut xv, 1, &|j| if j == 250 { 0.0 } else { -0.0 });
+    row(&mut xv, 70, &|j| if j == 299 { f32::NAN } else { -1.0 });
+    row(&mut xv, 200, &|_| f32::NEG_INFINITY);
+    let want_m: Vec<f32> = (0..a * r).map(|i| max_of(xv[i * c..(i + 1) * c].iter().copied())).collect();
+    let want_n: Vec<f32> = (0..a).map(|i| max_of(xv[i * r * c..(i + 1) * r * c].iter().map(|&v| -v))).collect();
+    assert!(want_m[0].to_bits() == (-0.0f32).to_bits() && want_m[1].to_bits() == 0 && want_m[70].is_nan() && want_n[1].is_nan());
+    let same = |g: &[f32], w: &[f32]| g.len() == w.len() && g.iter().zip(w).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
+    let inputs = vec![kiln_runtime::HostTensor::f32(vec![a, r, c], xv).unwrap()];
+    for threads in [Threads::Single, Threads::Count(2)] {
+        let be = CpuBackend::with_options(CpuOptions { threads, ..Default::default() }).unwrap();
+        let w = be.upload(&[], &g).unwrap();
+        let mut plan = be.lower(&w, &g, bucket).unwrap();
+        let mut out = Outputs::for_bucket(&g, bucket);
+        be.run(&mut plan, &Batch { tensors: inputs.clone() }, &mut out).unwrap();
+        assert!(same(&out.tensors[0].to_f32_vec(), &want_m), "{threads:?}: row maxima");
+        assert!(same(&out.tensors[1].to_f32_vec(), &want_n), "{threads:?}: maxima of the negated rows");
+    }
+    let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), target: CpuTarget::x86_64_v3() }).unwrap();
+    let (c, _) = be.compile(&g, bucket, true).unwrap();
+    let clif: String = c.clif.iter().map(|(_, t)| t.as_str()).collect();
+    let off = kiln_kernels::table::KernelTable::OFF_MAX_ROWS_F32;
+    assert_eq!(clif.matches(&format!("+{off}\n")).count(), 2, "both reductions call max_rows_f32:\n{clif}");
+}
+
 #[test]
 fn casts_round_like_the_reference() {
     let mut b = GraphBuilder::new();

@@ -41,6 +41,7 @@ pub mod gemm;
 mod lanes;
 pub mod math;
 pub mod peak;
+pub mod rowmax;
 pub mod table;
 pub mod taps;
 

@@ -17,6 +17,7 @@
 //! | `activation_f32(x, y, n, act: u32) -> status` | `(i64, i64, i64, i32) -> i32` |
 //! | `softmax_rows_f32(x, rows, cols, ld)` | `(i64 ×4)` |
 //! | `tap_sum_f32(table, args: *const TapSumArgs) -> status` | `(i64, i64) -> i32` |
+//! | `max_rows_f32(table, args: *const MaxRowsArgs) -> status` | `(i64, i64) -> i32` |
 //!
 //! No entry allocates, spawns or panics (a panic could not unwind through `extern "C"`).
 
@@ -26,6 +27,7 @@ use crate::gemm::{
     gemm_batched_raw, gemm_i16_raw, gemm_raw, pack_b_raw, BatchedGemmArgs, Epilogue, GemmDesc, Split,
 };
 use crate::math::{map_raw, softmax_rows_raw, Activation, Unary};
+use crate::rowmax::{max_rows_raw, MaxRowsArgs};
 use crate::taps::{tap_sum_raw, TapSumArgs};
 use crate::threadpool::ThreadPool;
 use crate::{effective_isa, Isa};
@@ -38,7 +40,7 @@ use std::mem::offset_of;
 /// 5: the `gemm_i16` entry (integer operands, exact sums).
 /// 6: the `tap_sum_f32` entry (per-channel weighted sums of shifted rows).
 /// 7: `gemm_i16`'s packed B starts with a header naming its layout (i16 pairs or byte quads,
-///    `gemm::int_b`); its A scratch covers the byte-quad packing.
+///    `gemm::int_b`); its A scratch covers the byte-quad packing; the `max_rows_f32` entry.
 pub const KERNEL_ABI_VERSION: u32 = 7;
 
 /// A GEMM entry whose packed B holds `B` elements: `(table, m, n, k, a, lda, b_packed, c, ldc,
@@ -77,6 +79,8 @@ pub type ActivationFn = unsafe extern "C" fn(*const f32, *mut f32, usize, u32) -
 pub type SoftmaxRowsFn = unsafe extern "C" fn(*mut f32, usize, usize, usize);
 /// `tap_sum_f32(table, args) -> status`, see [`crate::taps`].
 pub type TapSumFn = unsafe extern "C" fn(*const KernelTable, *const TapSumArgs) -> i32;
+/// `max_rows_f32(table, args) -> status`, see [`crate::rowmax`].
+pub type MaxRowsFn = unsafe extern "C" fn(*const KernelTable, *const MaxRowsArgs) -> i32;
 
 /// The table (C layout). Build it with [`KernelTable::new`]; it holds a raw pointer to the pool,
 /// which must outlive every call made through the table.
@@ -105,6 +109,7 @@ pub struct KernelTable {
     pub softmax_rows_f32: SoftmaxRowsFn,
     pub gemm_i16: GemmI16Fn,
     pub tap_sum_f32: TapSumFn,
+    pub max_rows_f32: MaxRowsFn,
 }
 
 // SAFETY: the table is immutable data: function pointers plus a pointer to a `Sync` pool.
@@ -132,6 +137,7 @@ impl KernelTable {
     pub const OFF_ACTIVATION_F32: usize = offset_of!(KernelTable, activation_f32);
     pub const OFF_SOFTMAX_ROWS_F32: usize = offset_of!(KernelTable, softmax_rows_f32);
     pub const OFF_TAP_SUM_F32: usize = offset_of!(KernelTable, tap_sum_f32);
+    pub const OFF_MAX_ROWS_F32: usize = offset_of!(KernelTable, max_rows_f32);
 
     /// A table using the best ISA of this machine and `pool` (None = single-threaded). The pool must
     /// outlive every call through the table.
@@ -167,6 +173,7 @@ impl KernelTable {
             activation_f32: raw_activation_f32,
             softmax_rows_f32: raw_softmax_rows_f32,
             tap_sum_f32: raw_tap_sum_f32,
+            max_rows_f32: raw_max_rows_f32,
         }
     }
 }
@@ -382,6 +389,21 @@ pub unsafe extern "C" fn raw_tap_sum_f32(table: *const KernelTable, args: *const
         context(table).and_then(|(isa, _)| match args.as_ref() {
             None => Err(KernelError::Invalid("null args")),
             Some(a) => tap_sum_raw(a, isa),
+        })
+    })
+}
+
+/// Row-max entry of the table ([`crate::rowmax::max_rows_raw`] on the calling thread:
+/// generated code splits the rows over tasks). Status 0, or 5 for null arguments.
+///
+/// # Safety
+/// `table` as for [`KernelTable::new`]; `args` as for [`crate::rowmax::max_rows_raw`].
+pub unsafe extern "C" fn raw_max_rows_f32(table: *const KernelTable, args: *const MaxRowsArgs) -> i32 {
+    // SAFETY: caller contract.
+    status(unsafe {
+        context(table).and_then(|(isa, _)| match args.as_ref() {
+            None => Err(KernelError::Invalid("null args")),
+            Some(a) => max_rows_raw(a, isa),
         })
     })
 }

@@ -32,6 +32,20 @@ fn documented_offsets() {
         assert_eq!([offset_of!(TapSumArgs, post), offset_of!(TapSumArgs, post_op), offset_of!(TapSumArgs, post_c)], [post, post + 8, post + 16]);
         assert_eq!(size_of::<TapSumArgs>(), post + 24);
     }
+    {
+        use kiln_kernels::rowmax::MaxRowsArgs;
+        let at = [
+            offset_of!(MaxRowsArgs, rows),
+            offset_of!(MaxRowsArgs, cols),
+            offset_of!(MaxRowsArgs, x),
+            offset_of!(MaxRowsArgs, x_stride),
+            offset_of!(MaxRowsArgs, out),
+            offset_of!(MaxRowsArgs, out_stride),
+            offset_of!(MaxRowsArgs, negate),
+        ];
+        assert_eq!(at, [0, 8, 16, 24, 32, 40, 48]);
+        assert_eq!(size_of::<MaxRowsArgs>(), 56);
+    }
 
     let b = [
         offset_of!(BatchedGemmArgs, batch),
@@ -93,6 +107,7 @@ fn documented_offsets() {
         KernelTable::OFF_SOFTMAX_ROWS_F32,
         KernelTable::OFF_GEMM_I16,
         KernelTable::OFF_TAP_SUM_F32,
+        KernelTable::OFF_MAX_ROWS_F32,
     ];
     for (i, off) in entries.iter().enumerate() {
         assert_eq!(*off, 16 + 8 * i);

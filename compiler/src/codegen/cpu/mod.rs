@@ -25,6 +25,7 @@ pub mod module;
 pub mod norm;
 pub mod reduce;
 pub mod rows;
+pub mod rowmax;
 pub mod softmax;
 pub mod taps;
 

@@ -20,6 +20,11 @@ use crate::kernel_ir::{Expr, Kernel};
 const MAX_CHAINS: usize = 4;
 
 pub(crate) fn emit_reduce(fx: &mut Fx, k: &Kernel, op: ReduceOp, shape: &[usize], reduced: usize, prologue: &Expr) -> u32 {
+    if op == ReduceOp::Max {
+        if let Some(tasks) = super::rowmax::emit_max_rows(fx, k, shape, reduced, prologue) {
+            return tasks;
+        }
+    }
     let outer = shape.len() - reduced;
     let loads = prologue.loads();
     let nl = loads.len();
