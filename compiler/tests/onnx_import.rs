@@ -891,6 +891,51 @@ fn dynamic_quantize_definition(x: &[f32]) -> (f32, f32, Vec<f32>) {
 /// them); on 1, 2 and 3 threads. A second case: a 3-D activation (batch rows folded into m),
 /// an odd k (a half-filled last pair) and uint8 weights with a zero point (B in [-255, 255]).
 #[test]
+fn an_integer_gemm_with_a_pass_after_it_splits_by_rows() {
+    use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
+    use kiln_runtime::cpu::{Threads, WeightPrep};
+    use kiln_runtime::{Backend, Batch, Outputs};
+    // A narrow m and a wide n with an epilogue the microkernel cannot apply (|acc|): generated
+    // code splits such a GEMM over its tasks itself, and the integer GEMM's packed B (a header,
+    // then the layout this machine's runtime chose) can only be passed whole — by rows, never
+    // at a panel (which had been a status-5 failure on a VNNI machine).
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = kiln_testkit::random::Rng::new(41);
+    let (m, k, n) = (7usize, 1536usize, 64usize);
+    let w: Vec<i64> = (0..k * n).map(|_| rng.uniform(-128.0, 127.99).floor() as i64).collect();
+    let g = GraphProto {
+        node: vec![
+            node("DynamicQuantizeLinear", &["x"], &["y", "s", "z"], vec![]),
+            node("MatMulInteger", &["y", "w", "z"], &["acc"], vec![]),
+            node("Cast", &["acc"], &["f"], vec![int_attr("to", 1)]),
+            node("Abs", &["f"], &["out"], vec![]),
+        ],
+        input: vec![vi("x", 1, &[Ok(m as i64), Ok(k as i64)])],
+        output: vec![vi("out", 1, &[Ok(m as i64), Ok(n as i64)])],
+        initializer: vec![tensor("w", tensor_proto::DataType::Int8, &[k as i64, n as i64], vec![], vec![], Some(w.iter().map(|&v| v as u8).collect()))],
+        ..Default::default()
+    };
+    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
+    let model = OnnxModel::open(&p, &[]).unwrap();
+    let b = Bucket::new(1, 1);
+    let g = model.graph_for(b).unwrap();
+    let wts = model.weights(&g).unwrap();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(-3.0, 5.0)).collect();
+    let ins = [HostTensor::f32(vec![m, k], x.clone()).unwrap()];
+    let q: Vec<i64> = dynamic_quantize_definition(&x).2.iter().map(|&v| v as i64).collect();
+    let want: Vec<f64> = (0..m * n).map(|ij| ((0..k).map(|p| q[(ij / n) * k + p] * w[p * n + ij % n]).sum::<i64>() as f32).abs() as f64).collect();
+    for threads in [1, 2] {
+        let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(threads), ..Default::default() }).unwrap();
+        let uploaded = be.upload(&wts, &g).unwrap();
+        let mut plan = be.lower(&uploaded, &g, b).unwrap();
+        assert!(plan.image().weights.iter().any(|s| matches!(s.prep, WeightPrep::PackedBI16 { .. })), "an integer GEMM");
+        let mut out = Outputs::for_bucket(&g, b);
+        be.run(&mut plan, &Batch { tensors: ins.to_vec() }, &mut out).unwrap();
+        assert_eq!(out.tensors[0].data.to_f64_vec(), want, "{threads} thread(s)");
+    }
+}
+
+#[test]
 fn matmul_integer_sums_are_exact_past_f32s_integers() {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::{Threads, WeightPrep};

@@ -438,7 +438,7 @@ pub(crate) fn emit_gemm(
     // each the whole GEMMs of a range of batch entries; nested pool use inside runs inline).
     let threads = fx.env.threads.max(1);
     let split = if nb == 0 {
-        choose_split(threads, m, n, kk, packed_slot.is_some() && lda_direct.is_some(), fused.is_none())
+        choose_split(threads, m, n, kk, packed_slot.is_some() && lda_direct.is_some(), fused.is_none(), !int16)
     } else {
         choose_batch_split(threads, &bdims, batch.iter().product::<usize>() * m * n * kk.max(1), fused.is_none())
     };
@@ -527,8 +527,10 @@ pub(crate) fn emit_gemm(
                 let nr = kiln_kernels::gemm::NR;
                 let (j0, j1) = fx.task_range(n, nr);
                 nv_ = fx.b.ins().isub(j1, j0);
-                // Bytes of packed B per column: k floats, or ceil(k/2) pairs of i16.
-                bpk = fx.offset(bpk, j0, if int16 { kk.div_ceil(2) * 4 } else { kk * 4 } as i64);
+                // Bytes of packed B per column: k floats (never the integer GEMM's, see
+                // `choose_split`).
+                debug_assert!(!int16, "no panel split of an integer GEMM");
+                bpk = fx.offset(bpk, j0, (kk * 4) as i64);
                 cptr = fx.offset(cptr, j0, 4);
                 col0 = Some(j0);
                 Part::Cols(j0, j1)
@@ -647,15 +649,17 @@ fn choose_batch_split(threads: usize, bdims: &[usize], macs: usize, unfused: boo
 /// MiniLM spent more time there than in its GEMMs); then each task runs the GEMM on its rows
 /// (or panels, the kernel's `Auto` rule: rows when there are more row strips than panels)
 /// and the pass over the same part. `KILN_GEMM_SPLIT` (`kernel`, `rows`, `panels`) overrides
-/// the choice for experiments.
-fn choose_split(threads: usize, m: usize, n: usize, k: usize, ours_ok: bool, unfused: bool) -> GemmSplit {
+/// the choice for experiments. `panels_ok` is false for the integer GEMM: its packed B's
+/// layout is the runtime's choice (a header, then i16 pairs or byte quads, `gemm::int_b`), so
+/// generated code cannot point into it at a panel; a row split passes B whole.
+fn choose_split(threads: usize, m: usize, n: usize, k: usize, ours_ok: bool, unfused: bool, panels_ok: bool) -> GemmSplit {
     if threads <= 1 || !ours_ok || m * n * k.max(1) < (1 << 17) {
         return GemmSplit::Kernel;
     }
     let strips = m.div_ceil(kiln_kernels::gemm::MR);
     let panels = n.div_ceil(kiln_kernels::gemm::NR);
     let rows = strips >= threads;
-    let cols = panels >= threads;
+    let cols = panels_ok && panels >= threads;
     match std::env::var("KILN_GEMM_SPLIT").as_deref() {
         Ok("kernel") => GemmSplit::Kernel,
         Ok("rows") if rows => GemmSplit::Rows,
