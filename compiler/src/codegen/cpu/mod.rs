@@ -27,6 +27,7 @@ pub mod reduce;
 pub mod rows;
 pub mod rowmax;
 pub mod softmax;
+pub mod table_rows;
 pub mod taps;
 
 use std::time::Instant;

@@ -8,7 +8,6 @@
 //! (Matched at code generation, as `taps.rs`: the reduce kernel stays the one definition the
 //! other backends and the reference evaluate.)
 
-use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_kernels::rowmax::MaxRowsArgs;
 use kiln_kernels::table::KernelTable;
 use kiln_runtime::graph::UnaryOp;
@@ -16,7 +15,8 @@ use kiln_runtime::DType;
 use std::mem::offset_of;
 
 use super::elementwise::{coalesce, tasks_for};
-use super::emit::{mf, Fx};
+use super::emit::Fx;
+use super::table_rows::{Args, RowRuns};
 use crate::kernel_ir::{Expr, ExprNode, Kernel};
 
 /// The loaded input and whether it is negated, for a prologue `load` or `neg(load)`.
@@ -44,49 +44,17 @@ pub(crate) fn emit_max_rows(fx: &mut Fx, k: &Kernel, shape: &[usize], reduced: u
         return None;
     }
     let st: Vec<Vec<i64>> = [&x.strides[..outer], &out.strides[..]].iter().map(|s| s.iter().map(|&v| v as i64).collect()).collect();
-    let (mut dims, mut st) = coalesce(&shape[..outer], &st);
-    // Rows per call: the innermost outer dim (one row when there is none).
-    let (rows, xs, os) = match dims.pop() {
-        Some(d) => (d, st[0].pop().unwrap(), st[1].pop().unwrap()),
-        None => (1, 0, 0),
-    };
+    let runs = RowRuns::new(&shape[..outer], &st);
     let n_out: usize = shape[..outer].iter().product();
     let tasks = tasks_for(fx.env.threads, n_out * cols, 1 << 15);
 
-    let args = fx.stack(std::mem::size_of::<MaxRowsArgs>() as u32);
-    let a = fx.stack_addr(args);
-    let store = |fx: &mut Fx, v: Value, off: usize| {
-        fx.b.ins().store(mf(), v, a, off as i32);
-    };
+    let args = Args::new(fx, std::mem::size_of::<MaxRowsArgs>());
+    let (xs, os) = (runs.row_strides[0], runs.row_strides[1]);
     for (v, off) in [(cols, offset_of!(MaxRowsArgs, cols)), (xs as usize, offset_of!(MaxRowsArgs, x_stride)), (os as usize, offset_of!(MaxRowsArgs, out_stride)), (negate as usize, offset_of!(MaxRowsArgs, negate))] {
-        let v = fx.iconst(v as i64);
-        store(fx, v, off);
+        args.store_int(fx, v as i64, off);
     }
-    let ptrs = vec![fx.view_base(x), fx.view_base(out)];
-    let bytes: Vec<Vec<i64>> = st.iter().map(|s| s.iter().map(|&v| v * 4).collect()).collect();
-    // Tasks split the outermost remaining dim, or the rows of the one call.
-    let (outer_range, split_rows) = match (tasks > 1, dims.is_empty()) {
-        (false, _) => (None, None),
-        (true, false) => (Some(fx.task_range(dims[0], 1)), None),
-        (true, true) => (None, Some(fx.task_range(rows, 1))),
-    };
-    fx.nest(&dims, &ptrs, &bytes, outer_range, &mut |fx, p| {
-        let (lo, count) = match split_rows {
-            Some((lo, hi)) => (Some(lo), fx.b.ins().isub(hi, lo)),
-            None => (None, fx.iconst(rows as i64)),
-        };
-        store(fx, count, offset_of!(MaxRowsArgs, rows));
-        let at = |fx: &mut Fx, ptr: Value, stride: i64| match lo {
-            Some(lo) => fx.offset(ptr, lo, stride * 4),
-            None => ptr,
-        };
-        let xp = at(fx, p[0], xs);
-        store(fx, xp, offset_of!(MaxRowsArgs, x));
-        let op = at(fx, p[1], os);
-        store(fx, op, offset_of!(MaxRowsArgs, out));
-        let call = [fx.table, a];
-        let st = fx.call_table(KernelTable::OFF_MAX_ROWS_F32, &call, true).expect("max_rows returns a status");
-        fx.check_status(st);
-    });
+    let bases = [fx.view_base(x), fx.view_base(out)];
+    let offs = [offset_of!(MaxRowsArgs, x), offset_of!(MaxRowsArgs, out)];
+    runs.emit_calls(fx, tasks, &args, &bases, &offs, offset_of!(MaxRowsArgs, rows), KernelTable::OFF_MAX_ROWS_F32);
     Some(tasks)
 }

@@ -17,8 +17,9 @@ use kiln_runtime::graph::BinaryOp;
 use kiln_runtime::DType;
 use std::mem::offset_of;
 
-use super::elementwise::{coalesce, tasks_for};
-use super::emit::{mf, Fx};
+use super::elementwise::tasks_for;
+use super::emit::Fx;
+use super::table_rows::{Args, RowRuns};
 use crate::kernel_ir::{BufferView, Expr, ExprId, ExprNode, Kernel};
 
 /// The taps `(x input, w input)`, the bias input and the clamps (in order) of a matching
@@ -109,73 +110,40 @@ pub(crate) fn emit_tap_sum(fx: &mut Fx, k: &Kernel, e: &Expr) -> Option<u32> {
         return None;
     }
     let c = shape[r - 1];
-    let outer: Vec<Vec<usize>> = vec![x0.strides[..r - 1].to_vec(), out.strides[..r - 1].to_vec()];
-    let st: Vec<Vec<i64>> = outer.iter().map(|s| s.iter().map(|&v| v as i64).collect()).collect();
-    let (mut dims, mut st) = coalesce(&shape[..r - 1], &st);
-    // Pixels per call: the innermost outer dim (one pixel when there is none).
-    let (n, xs, os) = match dims.pop() {
-        Some(d) => (d, st[0].pop().unwrap(), st[1].pop().unwrap()),
-        None => (1, 0, 0),
-    };
+    let ntaps = t.taps.len();
+    // Per pointer (each tap's x, then the output), its strides over the outer dims.
+    let st: Vec<Vec<i64>> = (0..=ntaps)
+        .map(|i| if i < ntaps { &x0.strides[..r - 1] } else { &out.strides[..r - 1] }.iter().map(|&v| v as i64).collect())
+        .collect();
+    // Pixels per call: the innermost outer dim.
+    let runs = RowRuns::new(&shape[..r - 1], &st);
     let tasks = tasks_for(fx.env.threads, out.numel(), 1 << 15);
 
-    let args = fx.stack(std::mem::size_of::<TapSumArgs>() as u32);
-    let a = fx.stack_addr(args);
-    let store = |fx: &mut Fx, v: Value, off: usize| {
-        fx.b.ins().store(mf(), v, a, off as i32);
-    };
-    for (v, off) in [(c, offset_of!(TapSumArgs, c)), (xs as usize, offset_of!(TapSumArgs, x_stride)), (os as usize, offset_of!(TapSumArgs, out_stride)), (t.taps.len(), offset_of!(TapSumArgs, taps))] {
-        let v = fx.iconst(v as i64);
-        store(fx, v, off);
+    let args = Args::new(fx, std::mem::size_of::<TapSumArgs>());
+    let (xs, os) = (runs.row_strides[0], runs.row_strides[ntaps]);
+    for (v, off) in [(c, offset_of!(TapSumArgs, c)), (xs as usize, offset_of!(TapSumArgs, x_stride)), (os as usize, offset_of!(TapSumArgs, out_stride)), (ntaps, offset_of!(TapSumArgs, taps))] {
+        args.store_int(fx, v as i64, off);
     }
     let bias = match t.bias {
         Some(b) => fx.view_base(&k.inputs[b]),
         None => fx.iconst(0),
     };
-    store(fx, bias, offset_of!(TapSumArgs, bias));
-    let np = fx.iconst(t.post.len() as i64);
-    store(fx, np, offset_of!(TapSumArgs, post));
+    args.store(fx, bias, offset_of!(TapSumArgs, bias));
+    args.store_int(fx, t.post.len() as i64, offset_of!(TapSumArgs, post));
     for (i, &(op, c)) in t.post.iter().enumerate() {
         let o = fx.b.ins().iconst(I32, op as i64);
-        store(fx, o, offset_of!(TapSumArgs, post_op) + 4 * i);
+        args.store(fx, o, offset_of!(TapSumArgs, post_op) + 4 * i);
         let c = fx.b.ins().f32const(c);
-        store(fx, c, offset_of!(TapSumArgs, post_c) + 4 * i);
+        args.store(fx, c, offset_of!(TapSumArgs, post_c) + 4 * i);
     }
     for (i, &(_, w)) in t.taps.iter().enumerate() {
         let wp = fx.view_base(&k.inputs[w]);
-        store(fx, wp, offset_of!(TapSumArgs, w) + 8 * i);
+        args.store(fx, wp, offset_of!(TapSumArgs, w) + 8 * i);
     }
     // Per call: the taps' and the output's pointers, the pixel count.
-    let mut ptrs: Vec<Value> = t.taps.iter().map(|&(x, _)| fx.view_base(&k.inputs[x])).collect();
-    ptrs.push(fx.view_base(out));
-    let bytes: Vec<Vec<i64>> =
-        (0..ptrs.len()).map(|i| st[if i < t.taps.len() { 0 } else { 1 }].iter().map(|&s| s * 4).collect()).collect();
-    let ntaps = t.taps.len();
-    // Tasks split the outermost remaining dim, or the pixels of the one call.
-    let (outer_range, pixels) = match (tasks > 1, dims.is_empty()) {
-        (false, _) => (None, None),
-        (true, false) => (Some(fx.task_range(dims[0], 1)), None),
-        (true, true) => (None, Some(fx.task_range(n, 1))),
-    };
-    fx.nest(&dims, &ptrs, &bytes, outer_range, &mut |fx, p| {
-        let (lo, count) = match pixels {
-            Some((lo, hi)) => (Some(lo), fx.b.ins().isub(hi, lo)),
-            None => (None, fx.iconst(n as i64)),
-        };
-        store(fx, count, offset_of!(TapSumArgs, n));
-        let at = |fx: &mut Fx, ptr: Value, stride: i64| match lo {
-            Some(lo) => fx.offset(ptr, lo, stride * 4),
-            None => ptr,
-        };
-        for (i, &xp) in p[..ntaps].iter().enumerate() {
-            let xp = at(fx, xp, xs);
-            store(fx, xp, offset_of!(TapSumArgs, x) + 8 * i);
-        }
-        let op = at(fx, p[ntaps], os);
-        store(fx, op, offset_of!(TapSumArgs, out));
-        let call = [fx.table, a];
-        let st = fx.call_table(KernelTable::OFF_TAP_SUM_F32, &call, true).expect("tap_sum returns a status");
-        fx.check_status(st);
-    });
+    let mut bases: Vec<Value> = t.taps.iter().map(|&(x, _)| fx.view_base(&k.inputs[x])).collect();
+    bases.push(fx.view_base(out));
+    let offs: Vec<usize> = (0..=ntaps).map(|i| if i < ntaps { offset_of!(TapSumArgs, x) + 8 * i } else { offset_of!(TapSumArgs, out) }).collect();
+    runs.emit_calls(fx, tasks, &args, &bases, &offs, offset_of!(TapSumArgs, n), KernelTable::OFF_TAP_SUM_F32);
     Some(tasks)
 }
