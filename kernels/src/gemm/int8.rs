@@ -67,7 +67,7 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
 /// # Safety
 /// As [`pack_a`]'s `dst`.
 #[inline]
-pub(super) unsafe fn write_strips(mc: usize, kc: usize, high: bool, offs: &[i32; MC], d: *mut i32, w: impl Fn(usize, usize) -> i32) {
+unsafe fn write_strips(mc: usize, kc: usize, high: bool, offs: &[i32; MC], d: *mut i32, w: impl Fn(usize, usize) -> i32) {
     let kq = kc - 2;
     let strips = mc.div_ceil(MR);
     for si in 0..strips {

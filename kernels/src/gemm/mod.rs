@@ -92,7 +92,7 @@ pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
 pub(crate) use int16::gemm_i16_raw;
 pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant};
 use int_b::read_header;
-pub use int_b::{int_layout_for, pack_b_int_into, packed_b_int_bytes, IntLayout, INT_B_HEADER};
+pub use int_b::{int_layout_for, pack_b_int_into, packed_b_int_bytes, IntB, IntLayout, INT_B_HEADER};
 pub(crate) use split::{gemm_raw, gemm_raw_with};
 pub use split::Split;
 

@@ -243,10 +243,7 @@ impl CpuWeights {
                 let ckpt = f32_values(t);
                 let storage = view_storage(&ckpt, slot, *transposed);
                 let src = &storage[(*offset).min(storage.len())..];
-                // The layout this machine's fastest integer tile reads (the header records it).
-                let layout = kiln_kernels::gemm::int_layout_for(src, *k, *n, *row_stride, *col_stride);
-                let mut a = Aligned::zeroed(kiln_kernels::gemm::packed_b_int_bytes(*k, *n, layout))?;
-                kiln_kernels::gemm::pack_b_int_into(src, *k, *n, *row_stride, *col_stride, *max_abs, layout, a.as_mut_bytes()).map_err(|e| {
+                let pack_err = |e: kiln_kernels::KernelError| {
                     // The element's place in the checkpoint tensor (the storage may be its
                     // transpose).
                     let place = |index: usize| {
@@ -266,7 +263,13 @@ impl CpuWeights {
                         )),
                         e => bad(format!("cannot pack: {e}")),
                     }
-                })?;
+                };
+                // One pass reads and checks the values; the layout this machine's fastest
+                // integer tile reads (the header records it) follows from their range.
+                let vals = kiln_kernels::gemm::IntB::read(src, *k, *n, *row_stride, *col_stride, *max_abs).map_err(pack_err)?;
+                let layout = vals.layout();
+                let mut a = Aligned::zeroed(kiln_kernels::gemm::packed_b_int_bytes(*k, *n, layout))?;
+                vals.pack_into(layout, a.as_mut_bytes()).map_err(pack_err)?;
                 Ok(Prepared::Owned(a))
             }
         }
