@@ -1,6 +1,7 @@
 //! AVX-512F tile kernel over the AVX2 packed layouts. `Arch::for_isa` hands it out only after
 //! runtime detection of AVX-512F.
 
+use super::avx512_int::by_rows;
 use super::*;
 use std::arch::x86_64::*;
 
@@ -26,34 +27,21 @@ pub(super) unsafe fn wide(
     pf: (usize, usize),
     post: Option<TilePost>,
 ) {
-    // One instance per row count: a partial tile (m not a multiple of 12, e.g. 16 = 12 + 4)
-    // does only its valid rows' FMAs instead of a full strip's.
-    macro_rules! rows {
-        ($direct:literal, $post:literal; $($r:literal)*) => {
-            match (mr, nr > NR) {
-                $(
-                    // SAFETY: forwarded; the instance reads only rows < mr of A and the
-                    // panels that exist.
-                    ($r, true) => unsafe {
-                        tile::<$r, 2, true, $direct, $post>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
-                    },
-                    // SAFETY: as above.
-                    ($r, false) => unsafe {
-                        tile::<$r, 1, false, $direct, $post>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
-                    },
-                )*
-                _ => {}
+    // One instance per row count (`by_rows`). The tiles with an epilogue are instances of
+    // their own: the others keep the store without it, their accumulators in registers (sharing
+    // one instance spilled the tile). Only two-panel tiles prefetch the next pair.
+    let (direct, has_post) = (a_ld != PACKED, post.is_some());
+    by_rows!(mr, nr > NR, |R, P| {
+        // SAFETY: forwarded; the instance reads only rows < mr of A and the panels that exist.
+        unsafe {
+            match (direct, has_post) {
+                (false, false) => tile::<R, P, { P == 2 }, false, false>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post),
+                (false, true) => tile::<R, P, { P == 2 }, false, true>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post),
+                (true, false) => tile::<R, P, { P == 2 }, true, false>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post),
+                (true, true) => tile::<R, P, { P == 2 }, true, true>(kc, a, a_ld, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post),
             }
-        };
-    }
-    // The tiles with an epilogue are instances of their own: the others keep the store
-    // without it, their accumulators in registers (sharing one instance spilled the tile).
-    match (a_ld == PACKED, post.is_some()) {
-        (true, false) => rows!(false, false; 1 2 3 4 5 6 7 8 9 10 11 12),
-        (true, true) => rows!(false, true; 1 2 3 4 5 6 7 8 9 10 11 12),
-        (false, false) => rows!(true, false; 1 2 3 4 5 6 7 8 9 10 11 12),
-        (false, true) => rows!(true, true; 1 2 3 4 5 6 7 8 9 10 11 12),
-    }
+        }
+    })
 }
 
 /// Bias, activation and residual on one C tile, 16 lanes at a time. Per element these are

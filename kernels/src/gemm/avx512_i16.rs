@@ -2,6 +2,7 @@
 //! tile's shape and store. `Arch::for_isa_i16` hands it out only after runtime detection.
 
 use super::avx512::store_tile;
+use super::avx512_int::{by_rows, plane, Madd, PairsPlain, PairsVnni};
 use super::*;
 use std::arch::x86_64::*;
 
@@ -63,35 +64,30 @@ unsafe fn dispatch<const VNNI: bool>(
     pf: (usize, usize),
     post: Option<TilePost>,
 ) {
-    macro_rules! rows {
-        ($($r:literal)*) => {
-            match (mr, nr > NR) {
-                $(
-                    // SAFETY: forwarded; the instance reads rows < mr of A and the panels
-                    // that exist.
-                    ($r, true) => unsafe { tile::<$r, 2, VNNI>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post) },
-                    // SAFETY: as above.
-                    ($r, false) => unsafe { tile::<$r, 1, VNNI>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post) },
-                )*
-                _ => {}
+    by_rows!(mr, nr > NR, |R, P| {
+        // SAFETY: forwarded; the instance reads rows < mr of A and the panels that exist.
+        unsafe {
+            if VNNI {
+                tile::<PairsVnni, R, P>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
+            } else {
+                tile::<PairsPlain, R, P>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post)
             }
-        };
-    }
-    rows!(1 2 3 4 5 6 7 8 9 10 11 12)
+        }
+    })
 }
 
 wide_entry!(wide_plain, "avx512f,avx512bw,avx2,fma", false);
 wide_entry!(wide_vnni, "avx512f,avx512bw,avx512vnni,avx2,fma", true);
 
-/// R ≤ 12 rows (rows < 6 from the first strip) × P panels: per k pair P loads of B, R
-/// broadcasts of A's slots, R·P multiply-adds of pairs into i32 accumulators; then i32 → f32
-/// and the f32 tile's store (`avx512::store_tile`, its erf-GELU instance included).
+/// R ≤ 12 rows (rows < 6 from the first strip) × P panels: the pairs' sums (`avx512_int::plane`
+/// with `M`'s multiply-add) into i32 accumulators, then i32 → f32 and the f32 tile's store
+/// (`avx512::store_tile`, its erf-GELU instance included).
 ///
 /// # Safety
 /// See `wide_plain`; inlined into an entry with the instructions it uses enabled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize, const P: usize, const VNNI: bool>(
+unsafe fn tile<M: Madd, const R: usize, const P: usize>(
     kc: usize,
     a: *const f32,
     b: *const f32,
@@ -106,36 +102,12 @@ unsafe fn tile<const R: usize, const P: usize, const VNNI: bool>(
     post: Option<TilePost>,
 ) {
     let a0 = a.cast::<i32>();
-    let a1 = a0.wrapping_add(kc * MR);
     let b0 = b.cast::<i32>();
-    let b1 = b0.wrapping_add(b_stride);
-    // SAFETY: the entry enabled AVX-512BW; q < kc: MR slots of each strip and NR of each
-    // panel are in bounds.
+    // SAFETY: the entry enabled AVX-512BW (and VNNI for `PairsVnni`); q < kc: MR slots of each
+    // strip and NR of each panel are in bounds.
     unsafe {
         let mut acc = [[_mm512_setzero_si512(); P]; R];
-        for q in 0..kc {
-            let mut bv = [_mm512_setzero_si512(); P];
-            bv[0] = _mm512_loadu_si512(b0.add(q * NR).cast());
-            if P == 2 {
-                bv[P - 1] = _mm512_loadu_si512(b1.add(q * NR).cast());
-            }
-            if q >= pf.0 && q < pf.1 {
-                // Hint only: the same k step of the panels two ahead.
-                _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(2 * b_stride + q * NR).cast());
-                _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + q * NR).cast());
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let src = if i < MR { a0.add(q * MR + i) } else { a1.add(q * MR + i - MR) };
-                let av = _mm512_set1_epi32(*src);
-                for v in 0..P {
-                    row[v] = if VNNI {
-                        _mm512_dpwssd_epi32(row[v], av, bv[v])
-                    } else {
-                        _mm512_add_epi32(row[v], _mm512_madd_epi16(av, bv[v]))
-                    };
-                }
-            }
-        }
+        plane::<M, R, P>(&mut acc, kc, a0, a0.wrapping_add(kc * MR), b0, b0.wrapping_add(b_stride), b_stride, pf);
         // Loops, not `array::map`: a closure does not inherit the target features, and its
         // conversions were calls (28% of the tile's time in perf).
         let mut accf = [[_mm512_setzero_ps(); P]; R];

@@ -3,6 +3,7 @@
 //! hands them out only after runtime detection.
 
 use super::avx512::store_tile;
+use super::avx512_int::{by_rows, plane, Quads};
 use super::*;
 use std::arch::x86_64::*;
 
@@ -121,62 +122,10 @@ pub(super) unsafe fn wide(
     pf: (usize, usize),
     post: Option<TilePost>,
 ) {
-    macro_rules! rows {
-        ($($r:literal)*) => {
-            match (mr, nr > NR) {
-                $(
-                    // SAFETY: forwarded; the instance reads rows < mr of A and the panels
-                    // that exist.
-                    ($r, true) => unsafe { tile::<$r, 2>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post) },
-                    // SAFETY: as above.
-                    ($r, false) => unsafe { tile::<$r, 1>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post) },
-                )*
-                _ => {}
-            }
-        };
-    }
-    rows!(1 2 3 4 5 6 7 8 9 10 11 12)
-}
-
-/// acc += Σ_q slots of A (strips at `a0`, `a1`) · B's panels, q < kq; prefetching k steps
-/// `pf.0..pf.1` of the panels two ahead.
-///
-/// # Safety
-/// As [`wide`]; inlined into it.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn plane<const R: usize, const P: usize>(
-    acc: &mut [[__m512i; P]; R],
-    kq: usize,
-    a0: *const i32,
-    a1: *const i32,
-    b0: *const i32,
-    b1: *const i32,
-    b_stride: usize,
-    pf: (usize, usize),
-) {
-    // SAFETY: q < kq: MR slots of each strip and NR of each panel are in bounds.
-    unsafe {
-        for q in 0..kq {
-            let mut bv = [_mm512_setzero_si512(); P];
-            bv[0] = _mm512_loadu_si512(b0.add(q * NR).cast());
-            if P == 2 {
-                bv[P - 1] = _mm512_loadu_si512(b1.add(q * NR).cast());
-            }
-            if q >= pf.0 && q < pf.1 {
-                // Hint only: the same k step of the panels two ahead.
-                _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(2 * b_stride + q * NR).cast());
-                _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + q * NR).cast());
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let src = if i < MR { a0.add(q * MR + i) } else { a1.add(q * MR + i - MR) };
-                let av = _mm512_set1_epi32(*src);
-                for v in 0..P {
-                    row[v] = _mm512_dpbusd_epi32(row[v], av, bv[v]);
-                }
-            }
-        }
-    }
+    by_rows!(mr, nr > NR, |R, P| {
+        // SAFETY: forwarded; the instance reads rows < mr of A and the panels that exist.
+        unsafe { tile::<R, P>(kc, a, b, b_stride, c, ldc, alpha, beta, mr, nr, pf, post) }
+    })
 }
 
 /// R ≤ 12 rows (rows < 6 from the first strip) × P panels: the high plane where linked, shifted
@@ -213,14 +162,14 @@ unsafe fn tile<const R: usize, const P: usize>(
         let link = *a0.add((kq + 1) * MR) as usize;
         if link != 0 {
             let link1 = if R > MR { *a1.add((kq + 1) * MR) as usize } else { 0 };
-            plane::<R, P>(&mut acc, kq, a0.add(link), a1.wrapping_add(link1), b0, b1, b_stride, (0, 0));
+            plane::<Quads, R, P>(&mut acc, kq, a0.add(link), a1.wrapping_add(link1), b0, b1, b_stride, (0, 0));
             for row in acc.iter_mut() {
                 for v in row.iter_mut() {
                     *v = _mm512_slli_epi32::<8>(*v);
                 }
             }
         }
-        plane::<R, P>(&mut acc, kq, a0, a1, b0, b1, b_stride, pf);
+        plane::<Quads, R, P>(&mut acc, kq, a0, a1, b0, b1, b_stride, pf);
         let mut sums = [_mm512_setzero_si512(); P];
         sums[0] = _mm512_loadu_si512(b0.add(kq * NR).cast());
         if P == 2 {

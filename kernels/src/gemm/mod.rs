@@ -69,6 +69,8 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_i16;
 #[cfg(target_arch = "x86_64")]
+mod avx512_int;
+#[cfg(target_arch = "x86_64")]
 mod avx512_u8;
 mod batched;
 mod block;
