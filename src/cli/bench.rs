@@ -131,6 +131,17 @@ pub(crate) fn bench_cpu_bucket(
         );
     } else {
         print_gflops(b, r.matmul_flops as f64, ms, peak);
+        if peak.is_some() {
+            if let Some(s) = share_beside_probes(be, &mut plan, graph, inputs, b, r.matmul_flops as f64, runs.div_ceil(2).max(5))? {
+                println!(
+                    "bucket {b}: {:.0}% of the peak read beside the runs (median of {} probe-then-run ratios; the peak read {:.1}–{:.1} GFLOP/s meanwhile)",
+                    100.0 * s.median,
+                    s.pairs,
+                    s.lo,
+                    s.hi
+                );
+            }
+        }
     }
     if profile {
         let batch = bench_batch(graph, inputs, b)?;
@@ -207,6 +218,47 @@ pub(crate) fn bench_runs<B: Backend>(
         ms.len()
     );
     Ok(median)
+}
+
+/// The matmul rate as a share of the FMA peak read in the same seconds.
+struct Share {
+    median: f64,
+    pairs: usize,
+    lo: f64,
+    hi: f64,
+}
+
+/// `pairs` times: a peak probe on `threads` threads, one untimed run (the pool's workers parked
+/// during the probe; waking them is not the plan's time), one timed run; each timed run's
+/// GFLOP/s over the probe's. On a shared host the FMA rate moves by up to 1.5× within minutes
+/// (turbo, other tenants), so the share of a peak read once at the start says as much about
+/// the host as about kiln; the probe beside each run compares rates of the same seconds.
+/// None where no SIMD peak is measured.
+#[allow(clippy::too_many_arguments)]
+fn share_beside_probes(
+    be: &kiln_compiler::backends::cpu::CpuBackend,
+    plan: &mut <kiln_compiler::backends::cpu::CpuBackend as Backend>::Plan,
+    graph: &kiln_runtime::Graph,
+    inputs: &kiln_runtime::Graph,
+    b: Bucket,
+    flops: f64,
+    pairs: usize,
+) -> Result<Option<Share>> {
+    let batch = bench_batch(graph, inputs, b)?;
+    let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
+    let mut ratios = Vec::with_capacity(pairs);
+    let (mut lo, mut hi) = (f64::INFINITY, 0f64);
+    for _ in 0..pairs {
+        let Some(p) = kiln_kernels::peak::fma_peak_probe(be.threads()) else { return Ok(None) };
+        be.run(plan, &batch, &mut out)?;
+        let t = std::time::Instant::now();
+        be.run(plan, &batch, &mut out)?;
+        let gf = flops / t.elapsed().as_secs_f64() / 1e9;
+        ratios.push(gf / p);
+        (lo, hi) = (lo.min(p), hi.max(p));
+    }
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    Ok(Some(Share { median: ratios[ratios.len() / 2], pairs, lo, hi }))
 }
 
 /// What a bench runs: token ids for a token model (every input `[batch, seq]` of integers);
