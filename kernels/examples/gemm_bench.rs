@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kiln_kernels::attention::{
     attention_batched, attention_batched_scratch_len, AttnDims, HeadsMut, HeadsRef,
 };
-use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, int_layout_for, pack_b, pack_b_int_into, packed_b_int_bytes, EpilogueRef, IntLayout, PackedB, Split};
+use kiln_kernels::gemm::{amx_available, gemm_scratch_len, gemm_split, int_layout_for, IntTiles, pack_b, pack_b_int_into, packed_b_int_bytes, EpilogueRef, IntLayout, PackedB, Split};
 use kiln_kernels::math::{self, Activation, Unary};
 use kiln_kernels::threadpool::ThreadPool;
 use kiln_kernels::{detect_isa, Isa};
@@ -147,7 +147,7 @@ fn gemm_runner<'a>(
     }
 }
 
-/// [`gemm_runner`] for the integer GEMM (B packed in either layout), VNNI used where `vnni`.
+/// [`gemm_runner`] for the integer GEMM (B packed in either layout) with the tiles `tiles` allows.
 #[allow(clippy::too_many_arguments)]
 fn gemm_i16_runner<'a>(
     m: usize,
@@ -157,12 +157,12 @@ fn gemm_i16_runner<'a>(
     pb16: &'a [u8],
     pool: Option<&'a ThreadPool>,
     isa: Isa,
-    vnni: bool,
+    tiles: IntTiles,
 ) -> impl FnMut() + 'a {
     let mut c = vec![0.0f32; m * n];
     let mut scratch = vec![0.0f32; kiln_kernels::gemm::gemm_i16_scratch_len(m, k, 2)];
     move || {
-        kiln_kernels::gemm::gemm_i16_variant(m, k, n, a, k, pb16, &mut c, n, false, &EpilogueRef::default(), &mut scratch, pool, isa, vnni)
+        kiln_kernels::gemm::gemm_i16_variant(m, k, n, a, k, pb16, &mut c, n, false, &EpilogueRef::default(), &mut scratch, pool, isa, tiles)
             .expect("gemm_i16");
         black_box(&c);
     }
@@ -378,16 +378,18 @@ fn main() {
     // activation's integers (256 consecutive values, [-127, 128]) × [-127, 127] against the f32
     // GEMM of the same values, 1 and 2 threads: B as i16 pairs (with VNNI where the machine has
     // it, and without: `vpmaddwd` + `vpaddd`) and as byte quads (`vpdpbusd`, where the machine
-    // has AVX512-VNNI); GOP/s counts a multiply and an add per product, as GFLOP/s does.
+    // has AVX512-VNNI), and the byte quads on AMX's tiles where the process has AMX-INT8 ("amx",
+    // else "-"); GOP/s counts a multiply and an add per product, as GFLOP/s does.
     println!();
     let quads = int_layout_for(&[0.0], 1, 1, 1, 1) == IntLayout::S8Quads;
+    let amx = quads && amx_available();
     println!(
         "integer GEMM (exact), best of interleaved runs, GOP/s and × the f32 GEMM{}:",
         if quads { "" } else { " (no byte-quad tile on this machine)" }
     );
     println!(
-        "{:>20} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}",
-        "m×k·k×n", "1T f32", "1T i16", "×", "1T u8", "×", "2T f32", "2T i16", "×", "2T madd", "×", "2T u8", "×"
+        "{:>20} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}",
+        "m×k·k×n", "1T f32", "1T i16", "×", "1T u8", "×", "1T amx", "×", "2T f32", "2T i16", "×", "2T madd", "×", "2T u8", "×", "2T amx", "×"
     );
     for &(m, k, n) in shapes {
         let ints = |len: usize, seed: u64, r: f32| rand_vec(len, seed).iter().map(|x| (x * 2.0 * r).round()).collect::<Vec<f32>>();
@@ -401,34 +403,40 @@ fn main() {
         };
         let (pb16, pb8) = (pack(IntLayout::I16Pairs), pack(IntLayout::S8Quads));
         let flops = 2.0 * (m * n * k) as f64;
-        let i16_runner = |vnni, pool| gemm_i16_runner(m, k, n, &a, &pb16, pool, isa, vnni);
-        let u8_runner = |pool| gemm_i16_runner(m, k, n, &a, &pb8, pool, isa, true);
-        let (mut f1, mut v1) = (gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), None, isa, Split::Auto), i16_runner(true, None));
-        let mut u1 = u8_runner(None);
-        let t1 = if quads { best_of(min_time, &mut [&mut f1, &mut v1, &mut u1]) } else { best_of(min_time, &mut [&mut f1, &mut v1]) };
-        let mut f2 = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), Some(&pool2), isa, Split::Auto);
-        let (mut v2, mut p2) = (i16_runner(true, Some(&pool2)), i16_runner(false, Some(&pool2)));
-        let mut u2 = u8_runner(Some(&pool2));
-        let t2 = if quads { best_of(min_time, &mut [&mut f2, &mut v2, &mut p2, &mut u2]) } else { best_of(min_time, &mut [&mut f2, &mut v2, &mut p2]) };
-        let g = |t: f64| flops / t / 1e9;
-        let quad = |t: &[f64], i: usize| if quads { (format!("{:.1}", g(t[i])), format!("{:.2}×", t[0] / t[i])) } else { ("-".into(), "-".into()) };
-        let ((u1g, u1x), (u2g, u2x)) = (quad(&t1, 2), quad(&t2, 3));
-        println!(
-            "{:>20} {:>8.1} {:>8.1} {:>5.2}× {:>8} {:>6} {:>8.1} {:>8.1} {:>5.2}× {:>8.1} {:>5.2}× {:>8} {:>6}",
-            format!("{m}×{k}·{k}×{n}"),
-            g(t1[0]),
-            g(t1[1]),
-            t1[0] / t1[1],
-            u1g,
-            u1x,
-            g(t2[0]),
-            g(t2[1]),
-            t2[0] / t2[1],
-            g(t2[2]),
-            t2[0] / t2[2],
-            u2g,
-            u2x
-        );
+        // Each row: the f32 GEMM first, then the integer variants this machine has.
+        let row = |pool: Option<&ThreadPool>, madd: bool| -> Vec<Option<f64>> {
+            let mut f = gemm_runner(m, k, n, &a, &pb, EpilogueRef::default(), pool, isa, Split::Auto);
+            let mut v = gemm_i16_runner(m, k, n, &a, &pb16, pool, isa, IntTiles::Best);
+            let mut p = gemm_i16_runner(m, k, n, &a, &pb16, pool, isa, IntTiles::NoVnni);
+            let mut u = gemm_i16_runner(m, k, n, &a, &pb8, pool, isa, IntTiles::NoAmx);
+            let mut x = gemm_i16_runner(m, k, n, &a, &pb8, pool, isa, IntTiles::Best);
+            let mut fs: Vec<(bool, &mut dyn FnMut())> = vec![(true, &mut f), (true, &mut v), (madd, &mut p), (quads, &mut u), (amx, &mut x)];
+            let mut on: Vec<&mut dyn FnMut()> = Vec::new();
+            let shown: Vec<bool> = fs.iter().map(|(s, _)| *s).collect();
+            for (s, f) in fs.iter_mut() {
+                if *s {
+                    on.push(&mut **f);
+                }
+            }
+            let mut t = best_of(min_time, &mut on).into_iter();
+            shown.iter().map(|&s| if s { t.next() } else { None }).collect()
+        };
+        let (t1, t2) = (row(None, false), row(Some(&pool2), true));
+        let cols = |t: &[Option<f64>], skip_madd: bool| -> String {
+            let f = t[0].unwrap_or(f64::NAN);
+            let mut out = format!("{:>8.1}", flops / f / 1e9);
+            for (i, ti) in t.iter().enumerate().skip(1) {
+                if skip_madd && i == 2 {
+                    continue;
+                }
+                match ti {
+                    Some(ti) => out += &format!(" {:>8.1} {:>5.2}×", flops / ti / 1e9, f / ti),
+                    None => out += &format!(" {:>8} {:>6}", "-", "-"),
+                }
+            }
+            out
+        };
+        println!("{:>20} {} {}", format!("{m}×{k}·{k}×{n}"), cols(&t1, true), cols(&t2, false));
     }
 
     println!();

@@ -339,7 +339,7 @@ unsafe fn gemm_entry(
     // SAFETY: operand validity is the caller's contract; strides checked above.
     unsafe {
         if int16 {
-            gemm_i16_raw(&d, scratch, scratch_len, pool, isa, true)
+            gemm_i16_raw(&d, scratch, scratch_len, pool, isa, crate::gemm::IntTiles::Best)
         } else {
             gemm_raw(&d, scratch, scratch_len, pool, isa, Split::Auto)
         }

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kiln_kernels::gemm::{
-    gemm_i16_scratch_len, gemm_i16_variant, gemm_prepacked, gemm_scratch_len, pack_b_int_into, pack_b_into, packed_b_int_bytes,
+    gemm_i16_scratch_len, gemm_i16_variant, gemm_prepacked, IntTiles, gemm_scratch_len, pack_b_int_into, pack_b_into, packed_b_int_bytes,
     packed_b_len, EpilogueRef, IntLayout, MC, MR, NR,
 };
 use kiln_kernels::math::Activation;
@@ -28,22 +28,23 @@ fn packed(b: &[f32], k: usize, n: usize, layout: IntLayout) -> Vec<u8> {
     p
 }
 
-/// The integer GEMM on `isa`, with and without VNNI (the two must agree: `c` of both, checked
-/// equal bit for bit here).
+/// The integer GEMM on `isa` with every tile set — the best (AMX where the machine has it),
+/// without AMX, without VNNI — which must agree: checked equal bit for bit here.
 #[allow(clippy::too_many_arguments)]
 fn run16(m: usize, k: usize, n: usize, a: &[f32], lda: usize, bp: &[u8], epi: &EpilogueRef<'_>, pool: Option<&ThreadPool>, isa: Isa) -> Vec<f32> {
     let threads = pool.map_or(1, |p| p.threads());
     let mut scratch = vec![0f32; gemm_i16_scratch_len(m, k, threads)];
-    let outs: Vec<Vec<f32>> = [true, false]
+    let outs: Vec<Vec<f32>> = [IntTiles::Best, IntTiles::NoAmx, IntTiles::NoVnni]
         .iter()
-        .map(|&vnni| {
+        .map(|&tiles| {
             let mut c = vec![f32::NAN; m * n];
-            gemm_i16_variant(m, k, n, a, lda, bp, &mut c, n, false, epi, &mut scratch, pool, isa, vnni).unwrap();
+            gemm_i16_variant(m, k, n, a, lda, bp, &mut c, n, false, epi, &mut scratch, pool, isa, tiles).unwrap();
             c
         })
         .collect();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&outs[0]), bits(&outs[1]), "{m}x{k}x{n} on {isa:?}: VNNI and pairs-then-add differ");
+    assert_eq!(bits(&outs[0]), bits(&outs[1]), "{m}x{k}x{n} on {isa:?}: AMX and the VNNI tile differ");
+    assert_eq!(bits(&outs[1]), bits(&outs[2]), "{m}x{k}x{n} on {isa:?}: VNNI and pairs-then-add differ");
     outs.into_iter().next().unwrap()
 }
 
@@ -53,7 +54,7 @@ fn exact_integer_sums_on_every_isa_and_thread_count() {
     let mut rng = Rng::new(7);
     // Tile and block edges: partial strips and panels, odd k (a half-filled last pair), k past
     // the f32 GEMM's k block, m past MC.
-    for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (13, 7, 33), (12, 64, 32), (37, 385, 50), (MC + 7, 900, 2 * NR + 3), (3 * MR + 1, 2000, 9)] {
+    for &(m, k, n) in &[(1, 1, 1), (5, 3, 17), (13, 7, 33), (12, 64, 32), (37, 385, 50), (MC + 7, 900, 2 * NR + 3), (3 * MR + 1, 2000, 9), (16, 64, 16), (70, 256, 48), (MC + 7, 1024, 2 * NR + 3), (33, 61, 17), (300, 384, 64)] {
         // Values whose sums reach far past 2^24 (the f32 GEMM would round them).
         // Rows spanning 511 (the byte quads' high plane), a quantized activation's 256
         // consecutive integers, and rows of one value.
@@ -160,15 +161,15 @@ fn a_packed_b_of_another_shape_or_none_is_refused() {
         let mut scratch = vec![0f32; gemm_i16_scratch_len(m, k + 4, 1)];
         let mut c = vec![0f32; m * n];
         // The same bytes called as k + 4 or n - 1: the header says otherwise.
-        let e = gemm_i16_variant(m, k - 4, n, &a, k, &bp, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, true);
+        let e = gemm_i16_variant(m, k - 4, n, &a, k, &bp, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, IntTiles::Best);
         assert!(matches!(e, Err(KernelError::Invalid(_))), "{e:?}");
-        let e = gemm_i16_variant(m, k, n - 1, &a, k, &bp, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, true);
+        let e = gemm_i16_variant(m, k, n - 1, &a, k, &bp, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, IntTiles::Best);
         assert!(matches!(e, Err(KernelError::Invalid(_))), "{e:?}");
     }
     // f32 values where a header belongs.
     let raw = vec![0u8; packed_b_int_bytes(k, n, IntLayout::I16Pairs)];
     let mut scratch = vec![0f32; gemm_i16_scratch_len(m, k, 1)];
     let mut c = vec![0f32; m * n];
-    let e = gemm_i16_variant(m, k, n, &a, k, &raw, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, true);
+    let e = gemm_i16_variant(m, k, n, &a, k, &raw, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Scalar, IntTiles::Best);
     assert!(matches!(e, Err(KernelError::Invalid(_))), "{e:?}");
 }

@@ -25,6 +25,10 @@ pub(super) type WideFn = unsafe fn(
     usize, *const f32, usize, *const f32, usize, *mut f32, usize, f32, bool, usize, usize, (usize, usize), Option<TilePost>,
 );
 
+/// `block(d, r0, r1, p0, p1, apack, arch)`: a thread's share of a GEMM as
+/// [`gemm_block`](super::gemm_block) runs it, by another loop nest (AMX's 32×32 tiles).
+pub(super) type BlockFn = unsafe fn(&GemmDesc, usize, usize, usize, usize, *mut f32, &Arch);
+
 /// The `a_ld` of a tile kernel whose A is packed strips.
 pub(super) const PACKED: usize = 0;
 
@@ -44,6 +48,8 @@ pub(crate) struct Arch {
     /// path's trailers (its rows' offsets and high-byte link; its columns' sums, see `int8`).
     pub(super) a_extra: usize,
     pub(super) b_extra: usize,
+    /// A thread's share run by loops of its own instead of `gemm_block`'s (AMX).
+    pub(super) block: Option<BlockFn>,
 }
 
 impl Arch {
@@ -59,6 +65,7 @@ impl Arch {
                 whole_k: false,
                 a_extra: 0,
                 b_extra: 0,
+                block: None,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Arch {
@@ -70,6 +77,7 @@ impl Arch {
                 whole_k: false,
                 a_extra: 0,
                 b_extra: 0,
+                block: None,
             },
             _ => Arch {
                 kernel: scalar::kernel,
@@ -80,6 +88,7 @@ impl Arch {
                 whole_k: false,
                 a_extra: 0,
                 b_extra: 0,
+                block: None,
             },
         }
     }

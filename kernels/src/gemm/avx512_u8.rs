@@ -13,9 +13,39 @@ use std::arch::x86_64::*;
 /// # Safety
 /// AVX-512F present; inlined into a function that enables it.
 #[inline(always)]
-unsafe fn to_i16_lanes(x: __m512) -> __m512i {
+pub(super) unsafe fn to_i16_lanes(x: __m512) -> __m512i {
     // SAFETY: AVX-512F (contract).
     unsafe { _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_set1_epi32(-32768)), _mm512_set1_epi32(32767)) }
+}
+
+/// The offset o = -min of a row's integers (`to_i16_lanes` of its `cols` floats), or None when
+/// the row spans more than 255 (its w = v + o would not fit a byte).
+///
+/// # Safety
+/// AVX-512F/BW present (inlined into a function that enables them); `row` readable for
+/// `cols` floats.
+#[inline(always)]
+pub(super) unsafe fn row_offset(row: *const f32, cols: usize) -> Option<i32> {
+    let tail = cols % 16;
+    let tail_mask: __mmask16 = ((1u32 << tail) - 1) as u16;
+    // SAFETY: every load is inside the row's `cols` floats (the tail masked).
+    unsafe {
+        let (mut lo, mut hi) = (_mm512_set1_epi32(i32::MAX), _mm512_set1_epi32(i32::MIN));
+        let mut p = 0;
+        while p + 16 <= cols {
+            let v = to_i16_lanes(_mm512_loadu_ps(row.add(p)));
+            lo = _mm512_min_epi32(lo, v);
+            hi = _mm512_max_epi32(hi, v);
+            p += 16;
+        }
+        if tail > 0 {
+            let v = to_i16_lanes(_mm512_maskz_loadu_ps(tail_mask, row.add(p)));
+            lo = _mm512_mask_min_epi32(lo, tail_mask, lo, v);
+            hi = _mm512_mask_max_epi32(hi, tail_mask, hi, v);
+        }
+        let (lo, hi) = (_mm512_reduce_min_epi32(lo), _mm512_reduce_max_epi32(hi));
+        (hi - lo <= 255).then_some(-lo)
+    }
 }
 
 /// `int8::pack_a`, vectorized: each row's range from its converted values, then the low bytes
@@ -30,28 +60,12 @@ pub(super) unsafe fn pack_a(a: *const f32, lda: usize, mc: usize, kc: usize, col
     let tail = cols % 16;
     let tail_mask: __mmask16 = ((1u32 << tail) - 1) as u16;
     let mut offs = [0i32; MC];
-    // SAFETY: every load is inside row r < mc's `cols` floats (the tail masked).
-    unsafe {
-        for (r, o) in offs.iter_mut().enumerate().take(mc) {
-            let row = a.add(r * lda);
-            let (mut lo, mut hi) = (_mm512_set1_epi32(i32::MAX), _mm512_set1_epi32(i32::MIN));
-            let mut p = 0;
-            while p + 16 <= cols {
-                let v = to_i16_lanes(_mm512_loadu_ps(row.add(p)));
-                lo = _mm512_min_epi32(lo, v);
-                hi = _mm512_max_epi32(hi, v);
-                p += 16;
-            }
-            if tail > 0 {
-                let v = to_i16_lanes(_mm512_maskz_loadu_ps(tail_mask, row.add(p)));
-                lo = _mm512_mask_min_epi32(lo, tail_mask, lo, v);
-                hi = _mm512_mask_max_epi32(hi, tail_mask, hi, v);
-            }
-            let (lo, hi) = (_mm512_reduce_min_epi32(lo), _mm512_reduce_max_epi32(hi));
-            if hi - lo > 255 {
-                return int8::pack_a(a, lda, mc, kc, cols, dst);
-            }
-            *o = -lo;
+    for (r, o) in offs.iter_mut().enumerate().take(mc) {
+        // SAFETY: row r < mc has `cols` floats (contract).
+        match unsafe { row_offset(a.add(r * lda), cols) } {
+            Some(v) => *o = v,
+            // SAFETY: the same contract.
+            None => return unsafe { int8::pack_a(a, lda, mc, kc, cols, dst) },
         }
     }
     let d = dst.cast::<i32>();

@@ -197,11 +197,23 @@ pub fn gemm_i16(
     pool: Option<&ThreadPool>,
     isa: Isa,
 ) -> Result<(), KernelError> {
-    gemm_i16_variant(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi, scratch, pool, isa, true)
+    gemm_i16_variant(m, k, n, a, lda, b_packed, c, ldc, accumulate, epi, scratch, pool, isa, IntTiles::Best)
 }
 
-/// [`gemm_i16`] with the VNNI instructions left unused where `vnni` is false (tests and
-/// benchmarks of the other tiles on a VNNI machine; byte quads then run the portable tile).
+/// Which integer tiles a GEMM may use (tests and benchmarks of each tile on a machine that has
+/// a faster one; they all give the same bits).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntTiles {
+    /// The fastest this machine has.
+    Best,
+    /// No AMX (the AVX512-VNNI byte-quad tile instead).
+    NoAmx,
+    /// No VNNI instructions and no AMX (byte quads then run the portable tile).
+    NoVnni,
+}
+
+/// [`gemm_i16`] with only the tiles `tiles` allows.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_i16_variant(
@@ -218,18 +230,18 @@ pub fn gemm_i16_variant(
     scratch: &mut [f32],
     pool: Option<&ThreadPool>,
     isa: Isa,
-    vnni: bool,
+    tiles: IntTiles,
 ) -> Result<(), KernelError> {
     check_len("packed b", b_packed.len(), INT_B_HEADER)?;
     // SAFETY: the header's bytes are in the slice.
     let layout = unsafe { read_header(b_packed.as_ptr(), k, n)? };
     let d = desc(m, k, n, a, lda, b_packed, packed_b_int_bytes(k, n, layout), c, ldc, accumulate, epi)?;
     // SAFETY: every operand extent checked above; scratch is a distinct &mut borrow.
-    unsafe { gemm_i16_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, vnni) }
+    unsafe { gemm_i16_raw(&d, scratch.as_mut_ptr(), scratch.len(), pool, isa, tiles) }
 }
 
 /// Raw integer GEMM (`d.b` packed by [`pack_b_int_into`], header first; `d.k` A's columns);
-/// VNNI used where present unless `vnni` is false.
+/// the tiles `tiles` allows.
 ///
 /// # Safety
 /// As [`gemm_raw`], with `d.b` (when k > 0) a packed integer B of the size its header's layout
@@ -240,8 +252,9 @@ pub(crate) unsafe fn gemm_i16_raw(
     scratch_len: usize,
     pool: Option<&ThreadPool>,
     isa: Isa,
-    vnni: bool,
+    tiles: IntTiles,
 ) -> Result<(), KernelError> {
+    let vnni = tiles != IntTiles::NoVnni;
     let mut d = *d;
     let arch = if d.k == 0 {
         // Nothing of B is read.
@@ -252,7 +265,7 @@ pub(crate) unsafe fn gemm_i16_raw(
         d.b = d.b.cast::<u8>().wrapping_add(INT_B_HEADER).cast();
         match layout {
             IntLayout::I16Pairs => Arch::for_isa_i16(isa, vnni),
-            IntLayout::S8Quads => Arch::for_isa_u8(isa, vnni),
+            IntLayout::S8Quads => Arch::for_isa_u8(isa, tiles),
         }
     };
     // SAFETY: forwarded.

@@ -181,22 +181,26 @@ impl Arch {
     }
 
     /// The byte-quad GEMM's kernels for `isa`: the f32 arch of that ISA (its epilogue, for k = 0)
-    /// with the AVX512-VNNI 12×32 tile and its A packing where `vnni` and
-    /// [`Arch::u8_tile_available`]; else the portable sums, stored by the ISA's own f32 store
+    /// with the AVX512-VNNI 12×32 tile and its A packing where `tiles` allows VNNI and
+    /// [`Arch::u8_tile_available`] — run by AMX's loops (`amx::block`) where `tiles` is `Best`
+    /// and the process has AMX —; else the portable sums, stored by the ISA's own f32 store
     /// (a B packed on a VNNI machine and run by a table held to AVX2 gives the AVX2 path's
     /// bits: slow, never wrong).
-    pub(crate) fn for_isa_u8(isa: Isa, vnni: bool) -> Arch {
+    pub(crate) fn for_isa_u8(isa: Isa, tiles: IntTiles) -> Arch {
+        let vnni = tiles != IntTiles::NoVnni;
         let portable = Arch { kernel, pack_a, wide: None, slot_cols: 4, whole_k: true, a_extra: 2, b_extra: 1, ..Arch::for_isa(isa) };
         #[cfg(target_arch = "x86_64")]
         {
             if vnni && Arch::u8_tile_available(isa) {
-                return Arch { pack_a: avx512_u8::pack_a, wide: Some(avx512_u8::wide), ..portable };
+                let amx = tiles == IntTiles::Best && effective_isa(isa) == Isa::Avx512 && amx::available();
+                let block = amx.then_some(amx::block as arch::BlockFn);
+                return Arch { pack_a: avx512_u8::pack_a, wide: Some(avx512_u8::wide), block, ..portable };
             }
             if effective_isa(isa).has_avx2() {
                 return Arch { kernel: avx2_i16::kernel_u8, ..portable };
             }
         }
-        let _ = vnni;
+        let _ = (vnni, tiles);
         portable
     }
 }

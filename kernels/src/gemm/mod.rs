@@ -59,6 +59,8 @@ const ALIGN_SLACK: usize = 16;
 /// Below this many multiply-adds a GEMM runs on one thread.
 const PAR_MIN_MACS: usize = 1 << 17;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod arch;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -92,11 +94,24 @@ pub use epilogue::{Epilogue, EpilogueRef, GATED};
 pub(crate) use pack::{align64, apack_len, pack_b_raw};
 pub use pack::{gemm_scratch_len, pack_b, pack_b_into, packed_b_len, PackedB};
 pub(crate) use int16::gemm_i16_raw;
-pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant};
+pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant, IntTiles};
 use int_b::read_header;
 pub use int_b::{int_layout_for, pack_b_int_into, packed_b_int_bytes, IntB, IntLayout, INT_B_HEADER};
 pub(crate) use split::{gemm_raw, gemm_raw_with};
 pub use split::Split;
+
+/// Whether the byte-quad integer GEMM runs on AMX tiles in this process (benchmarks' labels).
+#[doc(hidden)]
+pub fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// Validates a safe-API GEMM and builds its raw description; `b` is packed B (f32, or i16
 /// pairs for the integer GEMM) of at least `b_len` elements.

@@ -80,7 +80,7 @@ pub(crate) unsafe fn gemm_raw_with(
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         // SAFETY: task t owns scratch region t (t < tasks <= fit) and a disjoint range of rows or
         // panels of C; the operands are valid per this function's contract.
-        unsafe { gemm_block(d, r0, r1, p0, p1, apack, arch) };
+        unsafe { (arch.block.unwrap_or(gemm_block))(d, r0, r1, p0, p1, apack, arch) };
     };
     match pool {
         Some(p) if tasks > 1 => p.run(tasks, &body),
