@@ -28,9 +28,13 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-/// Rows per m block: four 32-row tile rows. The A block (128 rows × (kq + 16) slots, 56 KiB at
-/// k = 384) stays in L2, each B panel pair (12 KiB) in L1 across the four.
-const MB: usize = 128;
+/// Rows per m block: one 32-row tile row, whose packed A (32 rows × (kq + 16) slots, 14 KiB at
+/// k = 384) stays in L1 while every B panel pair streams past it from L2. With only eight tile
+/// registers a 32×32 block loads 4 KiB per four `tdpbusd`, and where both operands came from L2
+/// the loads, not the multiplies, set the pace: 1024×384·384×1536 on 1 thread, 128-row blocks
+/// (A from L2) 1.27–1.44 ms, 64 rows 0.90–0.98 (same minutes); in slower minutes 64 rows
+/// 2.23–2.38, 32 rows 1.83–1.89 (the VNNI tile 3.44–3.46).
+const MB: usize = 32;
 
 /// `ldtilecfg`'s operand: palette 1, all eight tiles 16 rows × 64 bytes (tmm0–3 the 2×2 C
 /// tiles, tmm4–5 the two 16-row halves of A, tmm6–7 the two B panels).
