@@ -126,8 +126,9 @@ pub(crate) fn bench_cpu_bucket(
         // f32 peak would mislead.
         print_gflops(b, r.matmul_flops as f64, ms, None);
         println!(
-            "bucket {b}: {:.3} GFLOP of those have integer operands (the exact integer GEMM where B is a packed weight): no % of the f32 FMA peak",
-            r.int_matmul_flops as f64 / 1e9
+            "bucket {b}: {:.3} GFLOP of those have integer operands (the exact integer GEMM where B is a packed weight, here on {}): no % of the f32 FMA peak",
+            r.int_matmul_flops as f64 / 1e9,
+            kiln_kernels::gemm::int8_tile_name()
         );
     } else {
         print_gflops(b, r.matmul_flops as f64, ms, peak);
