@@ -15,8 +15,9 @@
 //!   integers and the same store as the VNNI tile, so the same bits.
 //!
 //! It runs when kq is a multiple of 16 (k of MiniLM's and most models' GEMMs: 384, 1536) and
-//! the A scratch holds 32 rows (m ≥ 16); anything else — or an m block with a row spanning more
-//! than 255, the VNNI tile's high plane — runs the VNNI tile, through `gemm_block`. `KILN_NO_AMX=1`
+//! the A scratch a plan reserves for the VNNI tile (`apack_len_i16`) holds 32 padded rows (from
+//! m = 19 at k = 384, m = 13 at k = 1536); anything else — or an m block with a row spanning
+//! more than 255, the VNNI tile's high plane — runs the VNNI tile, through `gemm_block`. `KILN_NO_AMX=1`
 //! (or `KILN_NO_AVX512=1`) turns it off. (Tile registers are written by inline assembly: the
 //! AMX intrinsics are not stable Rust.)
 
