@@ -229,13 +229,12 @@ struct Share {
     hi: f64,
 }
 
-/// `pairs` times: a peak probe on `threads` threads, one untimed run (the pool's workers parked
+/// `pairs` times: a peak probe on the plan's threads, one untimed run (the pool's workers parked
 /// during the probe; waking them is not the plan's time), one timed run; each timed run's
 /// GFLOP/s over the probe's. On a shared host the FMA rate moves by up to 1.5× within minutes
 /// (turbo, other tenants), so the share of a peak read once at the start says as much about
 /// the host as about kiln; the probe beside each run compares rates of the same seconds.
 /// None where no SIMD peak is measured.
-#[allow(clippy::too_many_arguments)]
 fn share_beside_probes(
     be: &kiln_compiler::backends::cpu::CpuBackend,
     plan: &mut <kiln_compiler::backends::cpu::CpuBackend as Backend>::Plan,

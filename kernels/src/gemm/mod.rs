@@ -31,7 +31,10 @@
 //! Files: this one holds the safe entry points ([`gemm`], [`gemm_prepacked`]); `epilogue` the
 //! epilogue's forms, `pack` B packing and scratch sizes, `arch` the per-ISA function table,
 //! `scalar`/`avx2`/`avx512` the tile kernels, A packing and epilogue passes, `block` one thread's
-//! loops, `split` the cut across threads, `batched` the strided batched GEMM.
+//! loops, `split` the cut across threads, `batched` the strided batched GEMM. The exact integer
+//! GEMM: `int16` (i16 pairs, its entry points), `int8` (byte quads), `int_b` (its packed B),
+//! `avx2_i16`/`avx512_i16`/`avx512_u8` their tiles (`avx512_int` what the AVX-512 ones share),
+//! `amx` the byte quads on AMX tiles.
 
 use crate::aligned::AlignedBuf;
 use crate::error::{check_len, span};
