@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kiln_kernels::gemm::{
-    gemm_i16_scratch_len, gemm_i16_variant, gemm_prepacked, IntTiles, gemm_scratch_len, pack_b_int_into, pack_b_into, packed_b_int_bytes,
+    amx_available, amx_blocks_run, gemm_i16_scratch_len, gemm_i16_variant, gemm_prepacked, IntTiles, gemm_scratch_len, pack_b_int_into, pack_b_into, packed_b_int_bytes,
     packed_b_len, EpilogueRef, IntLayout, MC, MR, NR,
 };
 use kiln_kernels::math::Activation;
@@ -84,9 +84,16 @@ fn equals_the_f32_gemm_bitwise_where_that_is_exact() {
     // the same store and epilogue must give the same bits (bias, scale, each activation,
     // residual, gated).
     let mut rng = Rng::new(11);
-    let (m, k, n) = (29, 70, 45);
-    let a = ints(&mut rng, m * k, -20, 20);
-    let b = ints(&mut rng, k * n, -20, 20);
+    // The second shape takes the AMX tiles where the machine has them (ceil(k/4) a multiple of
+    // 16, enough rows), the first the VNNI tile.
+    for (m, k, n) in [(29, 70, 45), (45, 128, 45)] {
+        exact_shape_equals_f32(&mut rng, m, k, n);
+    }
+}
+
+fn exact_shape_equals_f32(rng: &mut Rng, m: usize, k: usize, n: usize) {
+    let a = ints(rng, m * k, -20, 20);
+    let b = ints(rng, k * n, -20, 20);
     let bias = rng.vec(n);
     let res = rng.vec(m * n);
     let mut bf = vec![0f32; packed_b_len(k, n)];
@@ -104,6 +111,27 @@ fn equals_the_f32_gemm_bitwise_where_that_is_exact() {
             }
         }
     }
+}
+
+/// Where the machine has AMX-INT8 (and grants it), the byte-quad GEMM really runs on it: a
+/// fallback to the VNNI tile would give the same bits, so the tiles' block count is what shows.
+#[test]
+fn amx_runs_where_the_machine_has_it() {
+    if !amx_available() {
+        eprintln!("SKIPPED: no AMX-INT8 here (or not granted, or AVX-512 turned off)");
+        return;
+    }
+    let mut rng = Rng::new(5);
+    let (m, k, n) = (64, 384, 64);
+    let a = ints(&mut rng, m * k, -100, 100);
+    let b = ints(&mut rng, k * n, -128, 127);
+    let bp = packed(&b, k, n, IntLayout::S8Quads);
+    let mut c = vec![0f32; m * n];
+    let mut scratch = vec![0f32; gemm_i16_scratch_len(m, k, 1)];
+    let before = amx_blocks_run();
+    gemm_i16_variant(m, k, n, &a, k, &bp, &mut c, n, false, &EpilogueRef::default(), &mut scratch, None, Isa::Avx512, IntTiles::Best).unwrap();
+    // Two 32-row blocks (other tests may add more meanwhile).
+    assert!(amx_blocks_run() >= before + 2, "the AMX tiles did not run");
 }
 
 #[test]

@@ -27,6 +27,7 @@ use super::avx512_u8::{row_offset, to_i16_lanes};
 use super::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Rows per m block: one 32-row tile row, whose packed A (32 rows × (kq + 16) slots, 14 KiB at
@@ -36,6 +37,15 @@ use std::sync::OnceLock;
 /// (A from L2) 1.27–1.44 ms, 64 rows 0.90–0.98 (same minutes); in slower minutes 64 rows
 /// 2.23–2.38, 32 rows 1.83–1.89 (the VNNI tile 3.44–3.46).
 const MB: usize = 32;
+
+/// 32-row blocks run on the tiles so far in this process: tests check that AMX really runs
+/// where the machine has it (a fallback gives the same bits, so only this can tell).
+static BLOCKS_RUN: AtomicUsize = AtomicUsize::new(0);
+
+/// See [`BLOCKS_RUN`].
+pub(super) fn blocks_run() -> usize {
+    BLOCKS_RUN.load(Ordering::Relaxed)
+}
 
 /// `ldtilecfg`'s operand: palette 1, all eight tiles 16 rows × 64 bytes (tmm0–3 the 2×2 C
 /// tiles, tmm4–5 the two 16-row halves of A, tmm6–7 the two B panels).
@@ -137,6 +147,7 @@ unsafe fn m_block(d: &GemmDesc, m0: usize, mb: usize, p0: usize, p1: usize, apac
     if !unsafe { pack_a(d.a.add(m0 * d.lda), d.lda, mb, d.k, kq, apack) } {
         return false;
     }
+    BLOCKS_RUN.fetch_add(1, Ordering::Relaxed);
     let post = d.epi.has_post();
     let panel = (kq + 1) * NR; // i32 slots per panel
     let bq = d.b.cast::<i32>();

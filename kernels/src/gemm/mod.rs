@@ -116,6 +116,20 @@ pub fn amx_available() -> bool {
     }
 }
 
+/// 32-row blocks the AMX tiles have run in this process (tests: a fallback to the VNNI tile
+/// gives the same bits, so only this shows that AMX ran).
+#[doc(hidden)]
+pub fn amx_blocks_run() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::blocks_run()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
 /// What runs the integer GEMM of an int8 weight in this process, best first (for benchmarks'
 /// and `kiln bench`'s labels; a weight past [-128, 127] runs the i16 pairs).
 pub fn int8_tile_name() -> &'static str {
