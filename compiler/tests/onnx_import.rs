@@ -453,11 +453,7 @@ fn mod_of_constants_follows_fmod() {
             initializer: vec![a, b],
             ..Default::default()
         };
-        let m = kiln_testkit::onnx_proto::model(g, 17);
-        let p = write(dir.path(), &m.encode_to_vec());
-        let m = OnnxModel::open(&p, &[])?;
-        let g = m.graph_for(Bucket::new(1, 1))?;
-        let w = m.weights(&g)?;
+        let (g, w) = import_1x1(dir.path(), g, 17)?;
         let y = interpret(&g, &w, &[HostTensor::f32(vec![3], vec![0.0; 3]).unwrap()], Bucket::new(1, 1))?;
         Ok::<_, Error>(y[0].as_f32().unwrap().to_vec())
     };
@@ -537,11 +533,8 @@ fn quantize_linear_rounds_to_even_saturates_and_folds() {
             initializer: init,
             ..Default::default()
         };
-        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 21).encode_to_vec());
-        let m = OnnxModel::open(&p, &[])?;
+        let (g, w) = import_1x1(dir.path(), g, 21)?;
         let b = Bucket::new(1, 1);
-        let g = m.graph_for(b)?;
-        let w = m.weights(&g)?;
         let zeros = HostTensor::f32(vec![6], vec![0.0; 6]).unwrap();
         let ins = if known { vec![zeros] } else { vec![HostTensor::f32(vec![6], xs.clone()).unwrap(), zeros] };
         Ok::<_, Error>((interpret(&g, &w, &ins, b)?[0].to_f32_vec(), g.nodes.iter().any(|n| matches!(n.op, Op::Unary(kiln_runtime::graph::UnaryOp::Round)))))
@@ -570,14 +563,20 @@ fn quantize_linear_rounds_to_even_saturates_and_folds() {
     assert_eq!(y[0].to_f32_vec(), [1.0, 2.0, 30.0, 40.0, -100.0, -200.0, -3000.0, -4000.0]);
 }
 
-/// `g` (every dim fixed) written at `opset`, imported and run on the reference backend.
-fn run_graph(dir: &std::path::Path, g: GraphProto, opset: i64, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, Error> {
+/// `g` (every dim fixed) written at `opset` into `dir` and imported at bucket 1×1: the graph
+/// and its weights.
+fn import_1x1(dir: &std::path::Path, g: GraphProto, opset: i64) -> Result<(kiln_runtime::Graph, Vec<HostTensor>), Error> {
     let p = write(dir, &kiln_testkit::onnx_proto::model(g, opset).encode_to_vec());
     let m = OnnxModel::open(&p, &[])?;
-    let b = Bucket::new(1, 1);
-    let g = m.graph_for(b)?;
+    let g = m.graph_for(Bucket::new(1, 1))?;
     let w = m.weights(&g)?;
-    interpret(&g, &w, inputs, b)
+    Ok((g, w))
+}
+
+/// `g` (every dim fixed) written at `opset`, imported and run on the reference backend.
+fn run_graph(dir: &std::path::Path, g: GraphProto, opset: i64, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, Error> {
+    let (g, w) = import_1x1(dir, g, opset)?;
+    interpret(&g, &w, inputs, Bucket::new(1, 1))
 }
 
 /// One Einsum node `e` over inputs x0, x1, .. of the given dims, output `y`.
@@ -774,12 +773,9 @@ fn empty_slices_and_split_pieces_are_left_out() {
     assert_eq!(y[0].to_f32_vec(), x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
 
     // The same graph on the CPU backend.
-    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(graph(nodes.clone(), "y"), 18).encode_to_vec());
-    let m = OnnxModel::open(&p, &[]).unwrap();
+    let (g, w) = import_1x1(dir.path(), graph(nodes.clone(), "y"), 18).unwrap();
     let b = Bucket::new(1, 1);
-    let g = m.graph_for(b).unwrap();
     assert!(g.nodes.iter().all(|n| !matches!(n.op, Op::Unary(_))), "the empty Neg is not in the graph");
-    let w = m.weights(&g).unwrap();
     use kiln_runtime::{Backend, Batch, Outputs};
     let be = kiln_compiler::backends::cpu::CpuBackend::new().unwrap();
     let up = be.upload(&w, &g).unwrap();
@@ -840,11 +836,8 @@ fn dynamic_quantize_linear_matches_the_definition_bit_for_bit() {
         output: vec![vi("y", 2, &[Ok(n as i64)]), vi("s", 1, &[]), vi("z", 2, &[])],
         ..Default::default()
     };
-    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
-    let m = OnnxModel::open(&p, &[]).unwrap();
+    let (g, w) = import_1x1(dir.path(), g, 11).unwrap();
     let b = Bucket::new(1, 1);
-    let g = m.graph_for(b).unwrap();
-    let w = m.weights(&g).unwrap();
     let be = CpuBackend::with_options(CpuOptions { threads: Threads::Count(2), ..Default::default() }).unwrap();
     let uploaded = be.upload(&w, &g).unwrap();
     let mut plan = be.lower(&uploaded, &g, b).unwrap();
@@ -882,23 +875,15 @@ fn dynamic_quantize_definition(x: &[f32]) -> (f32, f32, Vec<f32>) {
     (scale, zero, x.iter().map(|&v| (v / scale).max(-zero).min(255.0 - zero).round_ties_even()).collect())
 }
 
-/// DynamicQuantizeLinear + MatMulInteger with int8 weights (what `quantize_dynamic` writes):
-/// the GEMM's operands are proven integers (the activation minus its zero point in [-255, 255],
-/// the weight's declared bound), so the CPU runs the exact integer GEMM over i16-packed weights.
-/// The sums here reach 4.6e7, past f32's 2^24: every CPU output is the exact sum rounded once to
-/// f32 (kiln holds int32 in f32), as the f64 reference gives it too, which the f32 GEMM of the
-/// same integers misses at some elements (counted, so the test cannot pass without reaching
-/// them); on 1, 2 and 3 threads. A second case: a 3-D activation (batch rows folded into m),
-/// an odd k (a half-filled last pair) and uint8 weights with a zero point (B in [-255, 255]).
+/// A narrow m and a wide n with an epilogue the microkernel cannot apply (|acc|): generated
+/// code splits such a GEMM over its tasks itself, and the integer GEMM's packed B (a header,
+/// then the layout this machine's runtime chose) can only be passed whole — by rows, never at
+/// a panel (which had been a status-5 failure on a VNNI machine).
 #[test]
 fn an_integer_gemm_with_a_pass_after_it_splits_by_rows() {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
     use kiln_runtime::cpu::{Threads, WeightPrep};
     use kiln_runtime::{Backend, Batch, Outputs};
-    // A narrow m and a wide n with an epilogue the microkernel cannot apply (|acc|): generated
-    // code splits such a GEMM over its tasks itself, and the integer GEMM's packed B (a header,
-    // then the layout this machine's runtime chose) can only be passed whole — by rows, never
-    // at a panel (which had been a status-5 failure on a VNNI machine).
     let dir = tempfile::tempdir().unwrap();
     let mut rng = kiln_testkit::random::Rng::new(41);
     let (m, k, n) = (7usize, 1536usize, 64usize);
@@ -915,11 +900,8 @@ fn an_integer_gemm_with_a_pass_after_it_splits_by_rows() {
         initializer: vec![tensor("w", tensor_proto::DataType::Int8, &[k as i64, n as i64], vec![], vec![], Some(w.iter().map(|&v| v as u8).collect()))],
         ..Default::default()
     };
-    let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
-    let model = OnnxModel::open(&p, &[]).unwrap();
+    let (g, wts) = import_1x1(dir.path(), g, 11).unwrap();
     let b = Bucket::new(1, 1);
-    let g = model.graph_for(b).unwrap();
-    let wts = model.weights(&g).unwrap();
     let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(-3.0, 5.0)).collect();
     let ins = [HostTensor::f32(vec![m, k], x.clone()).unwrap()];
     let q: Vec<i64> = dynamic_quantize_definition(&x).2.iter().map(|&v| v as i64).collect();
@@ -935,6 +917,14 @@ fn an_integer_gemm_with_a_pass_after_it_splits_by_rows() {
     }
 }
 
+/// DynamicQuantizeLinear + MatMulInteger with int8 weights (what `quantize_dynamic` writes):
+/// the GEMM's operands are proven integers (the activation minus its zero point in [-255, 255],
+/// the weight's declared bound), so the CPU runs the exact integer GEMM over i16-packed weights.
+/// The sums here reach 4.6e7, past f32's 2^24: every CPU output is the exact sum rounded once to
+/// f32 (kiln holds int32 in f32), as the f64 reference gives it too, which the f32 GEMM of the
+/// same integers misses at some elements (counted, so the test cannot pass without reaching
+/// them); on 1, 2 and 3 threads. A second case: a 3-D activation (batch rows folded into m),
+/// an odd k (a half-filled last pair) and uint8 weights with a zero point (B in [-255, 255]).
 #[test]
 fn matmul_integer_sums_are_exact_past_f32s_integers() {
     use kiln_compiler::backends::cpu::{CpuBackend, CpuOptions};
@@ -971,11 +961,8 @@ fn matmul_integer_sums_are_exact_past_f32s_integers() {
             ],
             ..Default::default()
         };
-        let p = write(dir.path(), &kiln_testkit::onnx_proto::model(g, 11).encode_to_vec());
-        let model = OnnxModel::open(&p, &[]).unwrap();
+        let (g, wts) = import_1x1(dir.path(), g, 11).unwrap();
         let b = Bucket::new(1, 1);
-        let g = model.graph_for(b).unwrap();
-        let wts = model.weights(&g).unwrap();
         let x: Vec<f32> = (0..m * k).map(|_| rng.uniform(xlo, xhi)).collect();
         let ins = [HostTensor::f32(xdims.clone(), x.clone()).unwrap()];
         let reference = interpret(&g, &wts, &ins, b).unwrap();
