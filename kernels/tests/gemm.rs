@@ -569,6 +569,42 @@ fn threaded_results_are_bitwise_identical() {
 }
 
 #[test]
+fn rows_a_busy_thread_left_are_taken_from_the_back() {
+    // Inside a pool task the pool is busy, so a nested GEMM's tasks run one after another on that
+    // thread: task 0 runs its own rows from the front, then takes each other task's rows from the
+    // back, a piece at a time (`gemm/steal.rs`), before those tasks start. The result must be the
+    // one-thread one, bit for bit, epilogue included.
+    let pool = ThreadPool::new(3);
+    let isa = kiln_kernels::detect_isa();
+    for (i, &(m, n, k)) in [(300, 48, 33), (1000, 40, 70), (97, 16, 384)].iter().enumerate() {
+        let cs = Case::new(m, n, k, i % 2 == 1, 1, 90 + i as u64);
+        let epi = EpilogueRef {
+            bias: Some(&cs.bias),
+            residual: Some((&cs.res, cs.ldr)),
+            activation: Activation::GeluErf,
+            scale: 1.0,
+        };
+        let pb = pack_b(&cs.b, k, n, cs.ldb, cs.transposed).unwrap();
+        let run = |pool: Option<&ThreadPool>| {
+            let mut c = vec![0.0f32; m * cs.ldc];
+            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 3)];
+            gemm_split(m, k, n, &cs.a, cs.lda, pb.as_slice(), &mut c, cs.ldc, false, &epi, &mut scratch, pool, isa, Split::Rows)
+                .unwrap();
+            c
+        };
+        let want = run(None);
+        let got = std::sync::Mutex::new(Vec::new());
+        pool.run(2, &|t| {
+            if t == 0 {
+                *got.lock().unwrap() = run(Some(&pool));
+            }
+        });
+        let got = got.into_inner().unwrap();
+        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "shape {m}×{n}×{k}: differs");
+    }
+}
+
+#[test]
 fn scratch_for_fewer_threads_still_works() {
     let pool = ThreadPool::new(4);
     let cs = Case::new(100, 300, 50, false, 0, 8);

@@ -86,6 +86,7 @@ mod int_b;
 mod pack;
 mod scalar;
 mod split;
+mod steal;
 
 pub(crate) use arch::Arch;
 use arch::PACKED;
