@@ -569,14 +569,25 @@ fn threaded_results_are_bitwise_identical() {
 }
 
 #[test]
-fn rows_a_busy_thread_left_are_taken_from_the_back() {
+fn work_a_busy_thread_left_is_taken_from_the_back() {
     // Inside a pool task the pool is busy, so a nested GEMM's tasks run one after another on that
-    // thread: task 0 runs its own rows from the front, then takes each other task's rows from the
-    // back, a piece at a time (`gemm/steal.rs`), before those tasks start. The result must be the
-    // one-thread one, bit for bit, epilogue included.
+    // thread: task 0 runs its own rows (or panels) from the front, then takes each other task's
+    // from the back, a piece at a time (`gemm/steal.rs`), before those tasks start. The result
+    // must be the one-thread one, bit for bit, epilogue included. Panels are taken only in a
+    // GEMM of one k block and one m block (the first two panel shapes); the others' tasks keep
+    // their ranges.
     let pool = ThreadPool::new(3);
     let isa = kiln_kernels::detect_isa();
-    for (i, &(m, n, k)) in [(300, 48, 33), (1000, 40, 70), (97, 16, 384)].iter().enumerate() {
+    let cases = [
+        (300, 48, 33, Split::Rows),
+        (1000, 40, 70, Split::Rows),
+        (97, 16, 384, Split::Rows),
+        (64, 300, 100, Split::Panels),
+        (130, 1000, 384, Split::Panels),
+        (200, 300, 50, Split::Panels),
+        (64, 300, 1000, Split::Panels),
+    ];
+    for (i, &(m, n, k, split)) in cases.iter().enumerate() {
         let cs = Case::new(m, n, k, i % 2 == 1, 1, 90 + i as u64);
         let epi = EpilogueRef {
             bias: Some(&cs.bias),
@@ -588,7 +599,7 @@ fn rows_a_busy_thread_left_are_taken_from_the_back() {
         let run = |pool: Option<&ThreadPool>| {
             let mut c = vec![0.0f32; m * cs.ldc];
             let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 3)];
-            gemm_split(m, k, n, &cs.a, cs.lda, pb.as_slice(), &mut c, cs.ldc, false, &epi, &mut scratch, pool, isa, Split::Rows)
+            gemm_split(m, k, n, &cs.a, cs.lda, pb.as_slice(), &mut c, cs.ldc, false, &epi, &mut scratch, pool, isa, split)
                 .unwrap();
             c
         };
@@ -600,7 +611,7 @@ fn rows_a_busy_thread_left_are_taken_from_the_back() {
             }
         });
         let got = got.into_inner().unwrap();
-        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "shape {m}×{n}×{k}: differs");
+        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}×{n}×{k} {split:?}: differs");
     }
 }
 

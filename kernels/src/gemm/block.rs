@@ -55,6 +55,53 @@ pub(crate) unsafe fn gemm_block(
     apack: *mut f32,
     arch: &Arch,
 ) {
+    // SAFETY: forwarded; the panels are p0..p1 in every block.
+    unsafe { gemm_block_with(d, r0, r1, p0, p1, &mut FixedPanels { p0, p1, given: false }, apack, arch) }
+}
+
+/// Where the tiles of each (k block, m block) find their B panels.
+pub(crate) trait PanelSource {
+    /// A new block begins.
+    fn start(&mut self);
+    /// The next range of panels to run in this block, or None when the block is done.
+    fn next(&mut self) -> Option<(usize, usize)>;
+}
+
+/// The same range in every block.
+struct FixedPanels {
+    p0: usize,
+    p1: usize,
+    given: bool,
+}
+
+impl PanelSource for FixedPanels {
+    fn start(&mut self) {
+        self.given = false;
+    }
+    fn next(&mut self) -> Option<(usize, usize)> {
+        (!std::mem::replace(&mut self.given, true)).then_some((self.p0, self.p1))
+    }
+}
+
+/// [`gemm_block`] with the panels of each block from `panels`; `p0..p1` is the thread's nominal
+/// range (which sets whether A is read in place).
+///
+/// # Safety
+/// As [`gemm_block`], for every range `panels` gives: inside `0..ceil(n/NR)`, and C's tiles there
+/// written by no other thread. A source that gives different ranges in different blocks is only
+/// sound for a GEMM of one k block and one m block (a tile's k blocks must run on one thread, in
+/// order).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_block_with(
+    d: &GemmDesc,
+    r0: usize,
+    r1: usize,
+    p0: usize,
+    p1: usize,
+    panels: &mut dyn PanelSource,
+    apack: *mut f32,
+    arch: &Arch,
+) {
     let post = d.epi.has_post();
     if d.k == 0 {
         for p in p0..p1 {
@@ -137,47 +184,53 @@ pub(crate) unsafe fn gemm_block(
             let strip = |ir: usize| a_base.wrapping_add(ir * a_step);
             if let Some(wide) = arch.wide {
                 // Tiles of two strips × two panels (the last ones narrower).
-                let mut p = p0;
-                while p < p1 {
-                    let np = 2.min(p1 - p);
-                    let col0 = p * NR;
-                    let nr = (np * NR).min(d.n - col0);
-                    // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
-                    let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
-                    let mut ir = 0;
-                    while ir < mc {
-                        let mr = (2 * MR).min(mc - ir);
-                        let pf = prefetch_slice(ir / (2 * MR), mc.div_ceil(2 * MR), kc);
-                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's
-                        // rows ir..ir+mr of the block (packed: the strips at ir·kc).
-                        unsafe {
-                            let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                            wide(kc, strip(ir), a_ld, bp, kb * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                panels.start();
+                while let Some((pa, pb)) = panels.next() {
+                    let mut p = pa;
+                    while p < pb {
+                        let np = 2.min(pb - p);
+                        let col0 = p * NR;
+                        let nr = (np * NR).min(d.n - col0);
+                        // SAFETY: panels p, p+np-1 < ceil(n/NR), k offset kc0 + kc <= k.
+                        let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
+                        let mut ir = 0;
+                        while ir < mc {
+                            let mr = (2 * MR).min(mc - ir);
+                            let pf = prefetch_slice(ir / (2 * MR), mc.div_ceil(2 * MR), kc);
+                            // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's
+                            // rows ir..ir+mr of the block (packed: the strips at ir·kc).
+                            unsafe {
+                                let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                                wide(kc, strip(ir), a_ld, bp, kb * NR, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                            }
+                            ir += 2 * MR;
                         }
-                        ir += 2 * MR;
+                        p += np;
                     }
-                    p += np;
                 }
                 mc0 += mc;
                 continue;
             }
-            for p in p0..p1 {
-                let col0 = p * NR;
-                let nr = NR.min(d.n - col0);
-                // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
-                let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
-                let mut ir = 0;
-                while ir < mc {
-                    let mr = MR.min(mc - ir);
-                    // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's rows
-                    // ir..ir+mr of the block (packed: the strip at ir·kc).
-                    unsafe {
-                        let cp = d.c.add((mc0 + ir) * d.ldc + col0);
-                        let bn = bp.wrapping_add(kb * NR);
-                        let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
-                        (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+            panels.start();
+            while let Some((pa, pb)) = panels.next() {
+                for p in pa..pb {
+                    let col0 = p * NR;
+                    let nr = NR.min(d.n - col0);
+                    // SAFETY: panel p < ceil(n/NR), k offset kc0 + kc <= k: inside packed B.
+                    let bp = unsafe { d.b.add(p * kb * NR + kc0 * NR) };
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mr = MR.min(mc - ir);
+                        // SAFETY: C tile rows mc0+ir..+mr < r1, columns col0..col0+nr <= n; A's rows
+                        // ir..ir+mr of the block (packed: the strip at ir·kc).
+                        unsafe {
+                            let cp = d.c.add((mc0 + ir) * d.ldc + col0);
+                            let bn = bp.wrapping_add(kb * NR);
+                            let pf = prefetch_slice(ir / MR, mc.div_ceil(MR), kc);
+                            (arch.kernel)(kc, strip(ir), a_ld, bp, bn, cp, d.ldc, alpha, beta, mr, nr, pf, tile_post(mc0 + ir, col0));
+                        }
+                        ir += MR;
                     }
-                    ir += MR;
                 }
             }
             mc0 += mc;

@@ -1,6 +1,7 @@
 //! How a GEMM's work is cut across threads, and the multi-threaded raw entry.
 
-use super::steal::StealRange;
+use super::block::gemm_block_with;
+use super::steal::{StealRange, Taker};
 use super::*;
 
 /// Threads beyond this many split rows statically (the stealable ranges live on the stack).
@@ -74,18 +75,21 @@ pub(crate) unsafe fn gemm_raw_with(
     let tasks = threads.min(units).max(1);
     let sp = scratch as usize;
     let block = arch.block.unwrap_or(gemm_block);
-    // Rows split across threads are stealable (`steal`): each thread runs its own range from the
-    // front in the m blocks a static split would give it (the last ones halving), then takes
-    // small pieces from the back of ranges not yet done. Panel splits (m within one or two m blocks) stay static: a thief
-    // there would re-pack A for every k block of what it takes.
+    // Each thread's rows or panels are a stealable range (`steal`): it runs its own from the
+    // front — rows in the m blocks a static split would give it, the last ones halving — then
+    // takes small pieces from the back of ranges not yet done. A panel split steals only where
+    // the GEMM is one k block and one m block: every thread has then packed the same A, which
+    // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
+    // k blocks must stay on one thread. (The integer AMX block keeps the static split.)
+    let one_block = d.k > 0 && d.m <= MC && (arch.whole_k || d.k.div_ceil(arch.slot_cols) + arch.a_extra <= KC);
+    let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && (by_rows || (one_block && arch.block.is_none()));
     let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
-        if by_rows && t < tasks {
+        if stealing && t < tasks {
             StealRange::new(t * units / tasks, (t + 1) * units / tasks)
         } else {
             StealRange::new(0, 0)
         }
     });
-    let stealing = by_rows && tasks > 1 && tasks <= MAX_STEAL_TASKS;
     let body = |t: usize| {
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         let u0 = t * units / tasks;
@@ -101,26 +105,26 @@ pub(crate) unsafe fn gemm_raw_with(
             unsafe { block(d, r0, r1, p0, p1, apack, arch) };
             return;
         }
-        // The owner's pieces: the m blocks `gemm_block` would cut its whole range into (in pairs of
-        // strips: the AVX-512 tile spans two).
         let own = u1 - u0;
-        let piece = own.div_ceil(own.div_ceil(MC / MR).max(1)).next_multiple_of(2);
-        // A thief's: a quarter of that, so the tail evens out without many short blocks that
-        // each stream all of B.
-        let bite = piece.div_ceil(4).next_multiple_of(2);
-        let run = |(s0, s1): (usize, usize)| {
-            // SAFETY: each strip range is taken from its StealRange once (compare-and-swap), so
-            // the rows of C written here are written by no other task; task t owns scratch
-            // region t (t < tasks <= fit); the operands are valid per this function's contract.
-            unsafe { block(d, (s0 * MR).min(d.m), (s1 * MR).min(d.m), 0, n_panels, apack, arch) };
-        };
-        while let Some(r) = ranges[t].take_front(piece, bite) {
-            run(r);
+        if !by_rows {
+            // Panels: pairs (the AVX-512 tile spans two), the owner's halving from all of its range.
+            let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 2 };
+            // SAFETY: one k block and one m block (`one_block`), so the panels `taker` gives are
+            // whole tile columns, each taken once (compare-and-swap) and run by no other task;
+            // task t owns scratch region t (t < tasks <= fit); operands as this function's contract.
+            unsafe { gemm_block_with(d, 0, d.m, u0, u1, &mut taker, apack, arch) };
+            return;
         }
-        for v in 1..tasks {
-            while let Some(r) = ranges[(t + v) % tasks].take_back(bite) {
-                run(r);
-            }
+        // Rows: the owner's pieces are the m blocks `gemm_block` would cut its whole range into
+        // (in pairs of strips: the AVX-512 tile spans two); a thief's a quarter of that, so the
+        // tail evens out without many short blocks that each stream all of B.
+        let piece = own.div_ceil(own.div_ceil(MC / MR).max(1)).next_multiple_of(2);
+        let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite: piece.div_ceil(4).next_multiple_of(2) };
+        while let Some((s0, s1)) = taker.take() {
+            // SAFETY: each strip range is taken once (compare-and-swap), so the rows of C written
+            // here are written by no other task; task t owns scratch region t (t < tasks <= fit);
+            // the operands are valid per this function's contract.
+            unsafe { block(d, (s0 * MR).min(d.m), (s1 * MR).min(d.m), 0, n_panels, apack, arch) };
         }
     };
     match pool {

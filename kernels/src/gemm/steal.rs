@@ -12,6 +12,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::block::PanelSource;
+
 /// Strips `front..back`, packed as `back << 32 | front` so that one compare-and-swap moves either
 /// end.
 pub(super) struct StealRange(AtomicU64);
@@ -57,6 +59,35 @@ impl StealRange {
                 Err(seen) => cur = seen,
             }
         }
+    }
+}
+
+/// One thread's way through the ranges of a split: its own from the front, `most` at a time
+/// (halving towards the end, no fewer than `bite`), then the others' from their backs, `bite` at
+/// a time.
+pub(super) struct Taker<'a> {
+    pub(super) own: usize,
+    pub(super) ranges: &'a [StealRange],
+    pub(super) most: usize,
+    pub(super) bite: usize,
+}
+
+impl Taker<'_> {
+    /// The next range this thread runs, or None when every range is empty.
+    pub(super) fn take(&mut self) -> Option<(usize, usize)> {
+        let n = self.ranges.len();
+        self.ranges[self.own].take_front(self.most, self.bite).or_else(|| {
+            (1..n).find_map(|v| self.ranges[(self.own + v) % n].take_back(self.bite))
+        })
+    }
+}
+
+/// A panel split of a GEMM with one k block and one m block: every thread has packed the same A,
+/// so a tile column runs on whichever thread takes it.
+impl PanelSource for Taker<'_> {
+    fn start(&mut self) {}
+    fn next(&mut self) -> Option<(usize, usize)> {
+        self.take()
     }
 }
 
