@@ -504,6 +504,32 @@ fn both_orientations_pack_the_same() {
     assert_eq!(dst, s);
 }
 
+/// C of `cs` with its bias and residual around the erf GELU, on `pool` (scratch for three
+/// threads) cut by `split`.
+fn split_gemm(cs: &Case, pool: Option<&ThreadPool>, isa: Isa, split: Split) -> Vec<f32> {
+    let (m, n, k) = (cs.m, cs.n, cs.k);
+    let epi = gelu_epilogue(cs);
+    let pb = pack_b(&cs.b, k, n, cs.ldb, cs.transposed).unwrap();
+    let mut c = vec![0.0f32; m * cs.ldc];
+    let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 3)];
+    gemm_split(m, k, n, &cs.a, cs.lda, pb.as_slice(), &mut c, cs.ldc, false, &epi, &mut scratch, pool, isa, split).unwrap();
+    c
+}
+
+/// `cs`'s bias and residual around the erf GELU.
+fn gelu_epilogue(cs: &Case) -> EpilogueRef<'_> {
+    EpilogueRef {
+        bias: Some(&cs.bias),
+        residual: Some((&cs.res, cs.ldr)),
+        activation: Activation::GeluErf,
+        scale: 1.0,
+    }
+}
+
+fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
 #[test]
 fn threaded_results_are_bitwise_identical() {
     let pool = ThreadPool::new(3);
@@ -519,52 +545,12 @@ fn threaded_results_are_bitwise_identical() {
     .enumerate()
     {
         let cs = Case::new(m, n, k, i % 2 == 0, 1, 70 + i as u64);
-        let epi = EpilogueRef {
-            bias: Some(&cs.bias),
-            residual: Some((&cs.res, cs.ldr)),
-            activation: Activation::GeluErf,
-            scale: 1.0,
-        };
-        let pb = pack_b(&cs.b, k, n, cs.ldb, cs.transposed).unwrap();
-        let mut runs = Vec::new();
-        for (pool, split) in [
-            (None, Split::Auto),
-            (Some(&pool), Split::Auto),
-            (Some(&pool), Split::Rows),
-            (Some(&pool), Split::Panels),
-        ] {
-            let mut c = vec![0.0f32; m * cs.ldc];
-            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 3)];
-            gemm_split(
-                m,
-                k,
-                n,
-                &cs.a,
-                cs.lda,
-                pb.as_slice(),
-                &mut c,
-                cs.ldc,
-                false,
-                &epi,
-                &mut scratch,
-                pool,
-                isa,
-                split,
-            )
-            .unwrap();
-            runs.push(c);
-        }
-        for r in &runs[1..] {
-            assert!(
-                runs[0]
-                    .iter()
-                    .zip(r)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "shape {m}×{n}×{k}: threaded differs"
-            );
+        let want = split_gemm(&cs, None, isa, Split::Auto);
+        for split in [Split::Auto, Split::Rows, Split::Panels] {
+            assert!(same_bits(&want, &split_gemm(&cs, Some(&pool), isa, split)), "shape {m}×{n}×{k} {split:?}: threaded differs");
         }
         // And the threaded result is right.
-        check(&cs, false, &epi, isa, Some(&pool));
+        check(&cs, false, &gelu_epilogue(&cs), isa, Some(&pool));
     }
 }
 
@@ -589,29 +575,14 @@ fn work_a_busy_thread_left_is_taken_from_the_back() {
     ];
     for (i, &(m, n, k, split)) in cases.iter().enumerate() {
         let cs = Case::new(m, n, k, i % 2 == 1, 1, 90 + i as u64);
-        let epi = EpilogueRef {
-            bias: Some(&cs.bias),
-            residual: Some((&cs.res, cs.ldr)),
-            activation: Activation::GeluErf,
-            scale: 1.0,
-        };
-        let pb = pack_b(&cs.b, k, n, cs.ldb, cs.transposed).unwrap();
-        let run = |pool: Option<&ThreadPool>| {
-            let mut c = vec![0.0f32; m * cs.ldc];
-            let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k, 3)];
-            gemm_split(m, k, n, &cs.a, cs.lda, pb.as_slice(), &mut c, cs.ldc, false, &epi, &mut scratch, pool, isa, split)
-                .unwrap();
-            c
-        };
-        let want = run(None);
+        let want = split_gemm(&cs, None, isa, split);
         let got = std::sync::Mutex::new(Vec::new());
         pool.run(2, &|t| {
             if t == 0 {
-                *got.lock().unwrap() = run(Some(&pool));
+                *got.lock().unwrap() = split_gemm(&cs, Some(&pool), isa, split);
             }
         });
-        let got = got.into_inner().unwrap();
-        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}×{n}×{k} {split:?}: differs");
+        assert!(same_bits(&want, &got.into_inner().unwrap()), "{m}×{n}×{k} {split:?}: differs");
     }
 }
 
