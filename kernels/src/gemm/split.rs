@@ -4,7 +4,7 @@ use super::block::gemm_block_with;
 use super::steal::{StealRange, Taker};
 use super::*;
 
-/// Threads beyond this many split rows statically (the stealable ranges live on the stack).
+/// Threads beyond this many split statically (the stealable ranges live on the stack).
 const MAX_STEAL_TASKS: usize = 64;
 
 /// How a GEMM's work is cut across threads.
@@ -82,7 +82,7 @@ pub(crate) unsafe fn gemm_raw_with(
     // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
     // k blocks must stay on one thread. (The integer AMX block keeps the static split.)
     let one_block = d.k > 0 && d.m <= MC && (arch.whole_k || d.k.div_ceil(arch.slot_cols) + arch.a_extra <= KC);
-    let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && (by_rows || (one_block && arch.block.is_none()));
+    let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
     let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
         if stealing && t < tasks {
             StealRange::new(t * units / tasks, (t + 1) * units / tasks)

@@ -1,21 +1,21 @@
-//! A range of a GEMM's row strips that one thread works through from the front while the
-//! others, once their own ranges are done, take small pieces from its back.
+//! A range of a GEMM's row strips or B panels that one thread works through from the front
+//! while the others, once their own ranges are done, take small pieces from its back.
 //!
-//! Why: a static split gives each of two threads half the rows and the GEMM ends with the slower
-//! one. On a shared VM the two cores are rarely equally fast (this session's Xeon: one vCPU's FMA
-//! loop read 79 GFLOP/s, the other's 66, for minutes at a time), and in a server the HTTP side
-//! takes time from one engine thread at a time. The owner still runs its share in the m blocks
-//! of a static split (the same A packing and B reuse); only the tail moves. (A shared counter
-//! over small blocks — onnxruntime's ParallelFor — balances too but makes every block a short
-//! one that streams all of B; rayon's work stealing splits recursively, which the GEMM's m
-//! blocking would then have to undo.)
+//! Why: a static split gives each of two threads half the work and the GEMM ends with the slower
+//! one. On a shared VM the two cores are rarely equally fast (the Xeon of 2026-12-06, seventh
+//! session: single-thread FMA loops side by side on its two vCPUs read 162 and 102 GFLOP/s, for
+//! minutes), and in a server the HTTP side takes time from one engine thread at a time. The
+//! owner still runs its share in the blocks of a static split (the same A packing and B reuse);
+//! only the tail moves. (A shared counter over small blocks — onnxruntime's ParallelFor —
+//! balances too but makes every block a short one that streams all of B; rayon's work stealing
+//! splits recursively, which the GEMM's m blocking would then have to undo.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::block::PanelSource;
 
-/// Strips `front..back`, packed as `back << 32 | front` so that one compare-and-swap moves either
-/// end.
+/// Units (strips or panels) `front..back`, packed as `back << 32 | front` so that one
+/// compare-and-swap moves either end.
 pub(super) struct StealRange(AtomicU64);
 
 impl StealRange {
@@ -24,7 +24,7 @@ impl StealRange {
         StealRange(AtomicU64::new(((back as u64) << 32) | front as u64))
     }
 
-    /// Takes strips from the front (the owner): `most`, or half of what is left once that is
+    /// Takes units from the front (the owner): `most`, or half of what is left once that is
     /// less than twice `most`, but no fewer than `least` (nor more than is left). The owner's last
     /// pieces shrink, so what a thief finds at the end, or waits for when the owner's core is
     /// taken from it mid-piece, is small. The taken range, or None when empty.
@@ -36,7 +36,7 @@ impl StealRange {
         })
     }
 
-    /// Takes up to `n` strips from the back (a thief): the taken range, or None when empty.
+    /// Takes up to `n` units from the back (a thief): the taken range, or None when empty.
     pub(super) fn take_back(&self, n: usize) -> Option<(usize, usize)> {
         self.take(|f, b| {
             let s = b.saturating_sub(n.max(1)).max(f);
