@@ -80,7 +80,8 @@ pub(crate) unsafe fn gemm_raw_with(
     // takes small pieces from the back of ranges not yet done. A panel split steals only where
     // the GEMM is one k block and one m block: every thread has then packed the same A, which
     // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
-    // k blocks must stay on one thread. (The integer AMX block keeps the static split.)
+    // k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
+    // A per 32-row block, keeps the static split; its row splits steal like the others.)
     let one_block = d.k > 0 && d.m <= MC && (arch.whole_k || d.k.div_ceil(arch.slot_cols) + arch.a_extra <= KC);
     let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
     let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
