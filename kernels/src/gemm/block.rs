@@ -40,6 +40,37 @@ pub(super) fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize
     (t * kc / tiles, (t + 1) * kc / tiles)
 }
 
+/// How [`gemm_block`] cuts `rows` rows of `d` into blocks (also what `split` needs to know of
+/// them: its owners' pieces are these m blocks, and a panel split steals only in one block).
+pub(super) struct Blocking {
+    /// The packed operands' k extent: one slot per column of A (f32), or per pair of columns
+    /// (the i16 path, see `int16`).
+    pub(super) k: usize,
+    /// Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than
+    /// 384 + 128). The i16 path runs k in one block: its exact integer sums are converted to
+    /// f32 once.
+    pub(super) kc_step: usize,
+    /// Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
+    /// 144 + 144 + 12): no short block streams all of B for a few rows.
+    pub(super) mc_step: usize,
+}
+
+impl Blocking {
+    pub(super) fn new(d: &GemmDesc, rows: usize, arch: &Arch) -> Blocking {
+        let k = d.k.div_ceil(arch.slot_cols) + arch.a_extra;
+        let kc_step = if arch.whole_k { k } else { k.div_ceil(k.div_ceil(KC)) };
+        let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
+        let rows = rows.max(1);
+        let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
+        Blocking { k, kc_step, mc_step }
+    }
+
+    /// Whether `rows` rows of a GEMM with k > 0 are one k block and one m block.
+    pub(super) fn single(&self, rows: usize) -> bool {
+        self.kc_step >= self.k && self.mc_step >= rows
+    }
+}
+
 /// Runs rows `r0..r1` × panels `p0..p1` of `d` on the calling thread.
 ///
 /// # Safety
@@ -132,19 +163,9 @@ pub(crate) unsafe fn gemm_block_with(
         return;
     }
     let alpha = d.epi.scale;
-    // The packed operands' k extent: one slot per column of A (f32), or per pair of columns
-    // (the i16 path, see `int16`).
-    let k = d.k.div_ceil(arch.slot_cols) + arch.a_extra;
+    let Blocking { k, kc_step, mc_step } = Blocking::new(d, r1 - r0, arch);
     // A B panel's extent in slots (the byte-quad path's trailers differ from A's).
     let kb = k - arch.a_extra + arch.b_extra;
-    // Equal k blocks of at most KC (k = 1536 → 4 × 384; k = 512 → 2 × 256 rather than 384 + 128).
-    // The i16 path runs k in one block: its exact integer sums are converted to f32 once.
-    let kc_step = if arch.whole_k { k } else { k.div_ceil(k.div_ceil(KC)) };
-    // Equal m blocks of at most MC rows, in whole tiles (m = 300 → 108 + 108 + 84, not
-    // 144 + 144 + 12): no short block streams all of B for a few rows.
-    let tile_rows = if arch.wide.is_some() { 2 * MR } else { MR };
-    let rows = (r1 - r0).max(1);
-    let mc_step = rows.div_ceil(rows.div_ceil(MC)).next_multiple_of(tile_rows).min(MC);
     // A is packed so that the tiles of many B panels reuse it from L1/L2 in the order they read
     // it. When this block has at most two panels (attention's P·V with a head dim of 32, narrow
     // classifier heads) each A element is read by one or two tiles, and packing it costs more

@@ -1,6 +1,6 @@
 //! How a GEMM's work is cut across threads, and the multi-threaded raw entry.
 
-use super::block::gemm_block_with;
+use super::block::{gemm_block_with, Blocking};
 use super::steal::{StealRange, Taker};
 use super::*;
 
@@ -82,7 +82,7 @@ pub(crate) unsafe fn gemm_raw_with(
     // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
     // k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
     // A per 32-row block, keeps the static split; its row splits steal like the others.)
-    let one_block = d.k > 0 && d.m <= MC && (arch.whole_k || d.k.div_ceil(arch.slot_cols) + arch.a_extra <= KC);
+    let one_block = d.k > 0 && Blocking::new(d, d.m, arch).single(d.m);
     let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
     let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
         if stealing && t < tasks {
@@ -117,9 +117,9 @@ pub(crate) unsafe fn gemm_raw_with(
             return;
         }
         // Rows: the owner's pieces are the m blocks `gemm_block` would cut its whole range into
-        // (in pairs of strips: the AVX-512 tile spans two); a thief's a quarter of that, so the
-        // tail evens out without many short blocks that each stream all of B.
-        let piece = own.div_ceil(own.div_ceil(MC / MR).max(1)).next_multiple_of(2);
+        // (whole tiles, so a multiple of MR rows); a thief's a quarter of that, so the tail
+        // evens out without many short blocks that each stream all of B.
+        let piece = Blocking::new(d, own * MR, arch).mc_step / MR;
         let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite: piece.div_ceil(4).next_multiple_of(2) };
         while let Some((s0, s1)) = taker.take() {
             // SAFETY: each strip range is taken once (compare-and-swap), so the rows of C written
