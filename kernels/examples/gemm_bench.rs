@@ -4,7 +4,9 @@
 //!
 //! `cargo run --release -p kiln-kernels --example gemm_bench [-- --quick]`; `COLD=a|b|c` makes
 //! only that operand (A, packed B, or C with the bias) cold in the hot/cold section (default: all);
-//! `SHAPES="m,k,n;..."` times those shapes instead of MiniLM's.
+//! `SHAPES="m,k,n;..."` times those shapes instead of MiniLM's; `EPI=bias` times a bias alone
+//! where the default times bias+GELU;
+//! `ONLY=shapes` stops after that first table (for profiling it alone).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -242,6 +244,9 @@ fn main() {
         .collect();
     let minilm = [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 384, 1536)];
     let shapes: &[(usize, usize, usize)] = if custom.is_empty() { &minilm } else { &custom };
+    // `EPI=bias` times a bias alone in place of bias+GELU (what the activation adds to the bias).
+    let bias_only = std::env::var("EPI").is_ok_and(|e| e == "bias");
+    let epi_label = if bias_only { "bias" } else { "bias+gelu" };
     let pool2 = ThreadPool::new(2);
     println!();
     println!("GEMM C[m×n] = A[m×k]·B[k×n] (B packed once), best of interleaved runs, % of the FMA");
@@ -259,7 +264,7 @@ fn main() {
         let flops = 2.0 * (m * n * k) as f64;
         let gelu = EpilogueRef {
             bias: Some(&bias),
-            activation: Activation::GeluErf,
+            activation: if bias_only { Activation::None } else { Activation::GeluErf },
             ..Default::default()
         };
         let plain = EpilogueRef::default();
@@ -281,7 +286,7 @@ fn main() {
         window.push((w1, w2));
         let (peak1, peak2) = (w1, w2);
         let t = [t1[0], t1[1], t2[0], t2[1]];
-        for (label, t1, t2) in [("none", t[0], t[2]), ("bias+gelu", t[1], t[3])] {
+        for (label, t1, t2) in [("none", t[0], t[2]), (epi_label, t[1], t[3])] {
             let (f1, f2) = (flops / t1 / 1e9, flops / t2 / 1e9);
             println!(
                 "{:>20} {:>10} {:>9.1} {:>6.1}% {:>9.1} {:>6.1}%",
@@ -298,6 +303,9 @@ fn main() {
     let range = |f: fn(&(f64, f64)) -> f64| window.iter().map(f).fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let ((l1, h1), (l2, h2)) = (range(|w| w.0), range(|w| w.1));
     println!("(the peak read beside those runs: 1 thread {l1:.1}–{h1:.1}, 2 threads {l2:.1}–{h2:.1} GFLOP/s)");
+    if std::env::var("ONLY").is_ok_and(|o| o == "shapes") {
+        return;
+    }
 
     // In a model each GEMM meets its weights (and often its input) cold: the next layer's B was
     // last touched a whole forward pass ago. Cycling through enough copies of the operands to
