@@ -132,20 +132,14 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     let a1 = a.wrapping_add(kc * MR);
     let b1 = b.wrapping_add(b_stride);
-    let mut p = 0;
-    while p < kc {
+    // One k step p < kc: P loads of B, R broadcasts of A, R·P FMAs.
+    let step = |acc: &mut [[__m512; P]; R], p: usize| {
         // SAFETY: k step p < kc: MR floats of each strip and NR of each panel are in bounds.
         unsafe {
             let mut bv = [_mm512_setzero_ps(); P];
             bv[0] = _mm512_loadu_ps(b.add(p * NR));
             if P == 2 {
                 bv[P - 1] = _mm512_loadu_ps(b1.add(p * NR));
-            }
-            if PF && p >= pf.0 && p < pf.1 {
-                // The same k step of the panels two ahead (the next tile pair's B, which
-                // otherwise comes cold from L3/memory when m is small). A hint: never faults.
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * b_stride + p * NR).cast());
-                _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + p * NR).cast());
             }
             for (i, row) in acc.iter_mut().enumerate() {
                 let src = if DIRECT {
@@ -161,7 +155,22 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
                 }
             }
         }
-        p += 1;
+    };
+    // Before, inside and after the prefetch slice, as the AVX2 tile (`avx2::kernel_r`): no
+    // step tests whether it prefetches.
+    let (p0, p1) = if PF { (pf.0.min(kc), pf.1.clamp(pf.0.min(kc), kc)) } else { (kc, kc) };
+    for p in 0..p0 {
+        step(&mut acc, p);
+    }
+    for p in p0..p1 {
+        // The same k step of the panels two ahead (the next tile pair's B, which otherwise
+        // comes cold from L3/memory when m is small). A hint: never faults.
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * b_stride + p * NR).cast());
+        _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + p * NR).cast());
+        step(&mut acc, p);
+    }
+    for p in p1..kc {
+        step(&mut acc, p);
     }
     // SAFETY: forwarded.
     unsafe { store_tile(acc, c, ldc, alpha, beta, mr, nr, if POST { post } else { None }) }
