@@ -83,26 +83,42 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
     // packed operands.
     unsafe {
         let mut acc = [[_mm256_setzero_si256(); NV]; R];
-        for q in 0..kc {
-            if q >= pf.0 && q < pf.1 {
-                // Hint only: the next panel's same k step.
-                _mm_prefetch::<_MM_HINT_T0>(b_next.wrapping_add(q * NR).cast());
-            }
-            let bp = b.add(q * NR);
-            let mut bv = [_mm256_setzero_si256(); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = _mm256_loadu_si256(bp.add(v * 8).cast());
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(*a.add(q * MR + i));
-                for v in 0..NV {
-                    row[v] = if VNNI {
-                        _mm256_dpwssd_avx_epi32(row[v], av, bv[v])
-                    } else {
-                        _mm256_add_epi32(row[v], _mm256_madd_epi16(av, bv[v]))
-                    };
+        // One k pair q: 2 loads of B, R broadcasts of A, 2·R multiply-adds. (A macro, not a
+        // closure: this function is inlined into the entry that enables the instructions, and
+        // a closure would not inherit them.)
+        macro_rules! step {
+            ($q:expr) => {{
+                let q = $q;
+                let bp = b.add(q * NR);
+                let mut bv = [_mm256_setzero_si256(); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = _mm256_loadu_si256(bp.add(v * 8).cast());
                 }
-            }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(*a.add(q * MR + i));
+                    for v in 0..NV {
+                        row[v] = if VNNI {
+                            _mm256_dpwssd_avx_epi32(row[v], av, bv[v])
+                        } else {
+                            _mm256_add_epi32(row[v], _mm256_madd_epi16(av, bv[v]))
+                        };
+                    }
+                }
+            }};
+        }
+        // Before, inside and after the prefetch slice, as the f32 tile (`avx2::kernel_r`).
+        let p0 = pf.0.min(kc);
+        let p1 = pf.1.clamp(p0, kc);
+        for q in 0..p0 {
+            step!(q);
+        }
+        for q in p0..p1 {
+            // Hint only: the next panel's same k step.
+            _mm_prefetch::<_MM_HINT_T0>(b_next.wrapping_add(q * NR).cast());
+            step!(q);
+        }
+        for q in p1..kc {
+            step!(q);
         }
         // Loops, not `array::map`: a closure does not inherit the target features.
         let mut accf = [[_mm256_setzero_ps(); NV]; R];

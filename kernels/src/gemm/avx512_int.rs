@@ -64,24 +64,39 @@ pub(super) unsafe fn plane<M: Madd, const R: usize, const P: usize>(
 ) {
     // SAFETY: the contract.
     unsafe {
-        for q in 0..kq {
-            let mut bv = [_mm512_setzero_si512(); P];
-            bv[0] = _mm512_loadu_si512(b0.add(q * NR).cast());
-            if P == 2 {
-                bv[P - 1] = _mm512_loadu_si512(b1.add(q * NR).cast());
-            }
-            if q >= pf.0 && q < pf.1 {
-                // Hint only: the same k step of the panels two ahead.
-                _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(2 * b_stride + q * NR).cast());
-                _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + q * NR).cast());
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let src = if i < MR { a0.add(q * MR + i) } else { a1.add(q * MR + i - MR) };
-                let av = _mm512_set1_epi32(*src);
-                for v in 0..P {
-                    row[v] = M::madd(row[v], av, bv[v]);
+        // One slot q: P loads of B, R broadcasts of A, R·P multiply-adds (a macro: a closure
+        // would not inherit the enabling function's instructions).
+        macro_rules! step {
+            ($q:expr) => {{
+                let q = $q;
+                let mut bv = [_mm512_setzero_si512(); P];
+                bv[0] = _mm512_loadu_si512(b0.add(q * NR).cast());
+                if P == 2 {
+                    bv[P - 1] = _mm512_loadu_si512(b1.add(q * NR).cast());
                 }
-            }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let src = if i < MR { a0.add(q * MR + i) } else { a1.add(q * MR + i - MR) };
+                    let av = _mm512_set1_epi32(*src);
+                    for v in 0..P {
+                        row[v] = M::madd(row[v], av, bv[v]);
+                    }
+                }
+            }};
+        }
+        // Before, inside and after the prefetch slice, as the f32 tiles.
+        let p0 = pf.0.min(kq);
+        let p1 = pf.1.clamp(p0, kq);
+        for q in 0..p0 {
+            step!(q);
+        }
+        for q in p0..p1 {
+            // Hint only: the same k step of the panels two ahead.
+            _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(2 * b_stride + q * NR).cast());
+            _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(2 * b_stride + q * NR).cast());
+            step!(q);
+        }
+        for q in p1..kq {
+            step!(q);
         }
     }
 }
