@@ -50,6 +50,9 @@ pub(crate) struct Arch {
     pub(super) b_extra: usize,
     /// A thread's share run by loops of its own instead of `gemm_block`'s (AMX).
     pub(super) block: Option<BlockFn>,
+    /// What runs the tiles, for labels (`int8_tile_name`): set where the kernels are chosen, so
+    /// the label cannot name another path than the dispatch took.
+    pub(super) name: &'static str,
 }
 
 impl Arch {
@@ -66,6 +69,7 @@ impl Arch {
                 a_extra: 0,
                 b_extra: 0,
                 block: None,
+                name: "AVX2 6×16 f32 tile",
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Arch {
@@ -78,6 +82,7 @@ impl Arch {
                 a_extra: 0,
                 b_extra: 0,
                 block: None,
+                name: "AVX-512 12×32 f32 tile",
             },
             _ => Arch {
                 kernel: scalar::kernel,
@@ -89,6 +94,7 @@ impl Arch {
                 a_extra: 0,
                 b_extra: 0,
                 block: None,
+                name: "portable f32 code",
             },
         }
     }

@@ -155,7 +155,7 @@ impl Arch {
     /// with the i16 tiles and A packing — AVX-512BW's 12×32 tile (with VNNI where present and
     /// `vnni`), the AVX2 6×16 tile (with AVX-VNNI where present and `vnni`), or the portable one.
     pub(crate) fn for_isa_i16(isa: Isa, vnni: bool) -> Arch {
-        let portable = Arch { kernel, pack_a, wide: None, slot_cols: 2, whole_k: true, ..Arch::for_isa(isa) };
+        let portable = Arch { kernel, pack_a, wide: None, slot_cols: 2, whole_k: true, name: "portable integer code", ..Arch::for_isa(isa) };
         #[cfg(target_arch = "x86_64")]
         {
             // Probed here, not in `kiln_format::features`: only this dispatch uses them (the
@@ -167,12 +167,27 @@ impl Arch {
             }
             let isa = effective_isa(isa);
             if isa.has_avx2() {
-                let wide = (isa == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bw")).then(|| avx512_i16::wide_for(has!("avx512vnni")));
-                return Arch { kernel: avx2_i16::kernel_for(has!("avxvnni")), pack_a: avx2_i16::pack_a, wide, ..portable };
+                let wide = (isa == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bw")).then(|| has!("avx512vnni"));
+                let name = match (wide, has!("avxvnni")) {
+                    (Some(true), _) => "AVX512-VNNI i16 pairs",
+                    (Some(false), _) => "AVX-512BW i16 pairs",
+                    (None, true) => "AVX-VNNI i16 pairs",
+                    (None, false) => "vpmaddwd i16 pairs",
+                };
+                let wide = wide.map(avx512_i16::wide_for);
+                return Arch { kernel: avx2_i16::kernel_for(has!("avxvnni")), pack_a: avx2_i16::pack_a, wide, name, ..portable };
             }
         }
         let _ = vnni;
         portable
+    }
+
+    /// The integer GEMM's kernels for a B packed in `layout`.
+    pub(crate) fn for_int(layout: IntLayout, isa: Isa, tiles: IntTiles) -> Arch {
+        match layout {
+            IntLayout::I16Pairs => Arch::for_isa_i16(isa, tiles != IntTiles::NoVnni),
+            IntLayout::S8Quads => Arch::for_isa_u8(isa, tiles),
+        }
     }
 }
 
@@ -254,19 +269,15 @@ pub(crate) unsafe fn gemm_i16_raw(
     isa: Isa,
     tiles: IntTiles,
 ) -> Result<(), KernelError> {
-    let vnni = tiles != IntTiles::NoVnni;
     let mut d = *d;
     let arch = if d.k == 0 {
         // Nothing of B is read.
-        Arch::for_isa_i16(isa, vnni)
+        Arch::for_int(IntLayout::I16Pairs, isa, tiles)
     } else {
         // SAFETY: caller contract: the header precedes the panels.
         let layout = unsafe { read_header(d.b.cast(), d.k, d.n)? };
         d.b = d.b.cast::<u8>().wrapping_add(INT_B_HEADER).cast();
-        match layout {
-            IntLayout::I16Pairs => Arch::for_isa_i16(isa, vnni),
-            IntLayout::S8Quads => Arch::for_isa_u8(isa, tiles),
-        }
+        Arch::for_int(layout, isa, tiles)
     };
     // SAFETY: forwarded.
     unsafe { gemm_raw_with(&d, &arch, apack_len_i16(d.m, d.k), scratch, scratch_len, pool, Split::Auto) }

@@ -188,16 +188,17 @@ impl Arch {
     /// bits: slow, never wrong).
     pub(crate) fn for_isa_u8(isa: Isa, tiles: IntTiles) -> Arch {
         let vnni = tiles != IntTiles::NoVnni;
-        let portable = Arch { kernel, pack_a, wide: None, slot_cols: 4, whole_k: true, a_extra: 2, b_extra: 1, ..Arch::for_isa(isa) };
+        let portable = Arch { kernel, pack_a, wide: None, slot_cols: 4, whole_k: true, a_extra: 2, b_extra: 1, name: "portable integer code", ..Arch::for_isa(isa) };
         #[cfg(target_arch = "x86_64")]
         {
             if vnni && Arch::u8_tile_available(isa) {
                 let amx = tiles == IntTiles::Best && effective_isa(isa) == Isa::Avx512 && amx::available();
                 let block = amx.then_some(amx::block as arch::BlockFn);
-                return Arch { pack_a: avx512_u8::pack_a, wide: Some(avx512_u8::wide), block, ..portable };
+                let name = if amx { "AMX-INT8 tiles (a few rows, or k not a multiple of 64: AVX512-VNNI byte quads)" } else { "AVX512-VNNI byte quads" };
+                return Arch { pack_a: avx512_u8::pack_a, wide: Some(avx512_u8::wide), block, name, ..portable };
             }
             if effective_isa(isa).has_avx2() {
-                return Arch { kernel: avx2_i16::kernel_u8, ..portable };
+                return Arch { kernel: avx2_i16::kernel_u8, name: "portable byte-quad sums, AVX2 store", ..portable };
             }
         }
         let _ = (vnni, tiles);

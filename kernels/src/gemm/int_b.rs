@@ -19,6 +19,18 @@ pub enum IntLayout {
     S8Quads,
 }
 
+impl IntLayout {
+    /// The layout this machine packs a weight in: byte quads where every value fits a byte and
+    /// the byte-quad tile runs here, else i16 pairs.
+    pub(crate) fn for_weight(fits_bytes: bool) -> IntLayout {
+        if fits_bytes && Arch::u8_tile_available(Isa::Avx512) {
+            IntLayout::S8Quads
+        } else {
+            IntLayout::I16Pairs
+        }
+    }
+}
+
 /// Bytes of the header in front of the panels (one cache line, so the panels stay aligned).
 pub const INT_B_HEADER: usize = 64;
 const MAGIC: [u8; 4] = *b"KIGB";
@@ -90,11 +102,7 @@ impl IntB {
     /// AVX512-VNNI and AVX512BW are present (and AVX-512 not turned off) and every value fits
     /// [-128, 127], else i16 pairs.
     pub fn layout(&self) -> IntLayout {
-        if self.fits_bytes && Arch::u8_tile_available(Isa::Avx512) {
-            IntLayout::S8Quads
-        } else {
-            IntLayout::I16Pairs
-        }
+        IntLayout::for_weight(self.fits_bytes)
     }
 
     /// Packs the values in `layout` into `dst` (at least [`packed_b_int_bytes`]`(k, n, layout)`

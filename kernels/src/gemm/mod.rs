@@ -131,25 +131,11 @@ pub fn amx_blocks_run() -> usize {
     }
 }
 
-/// What runs the integer GEMM of an int8 weight in this process, best first (for benchmarks'
-/// and `kiln bench`'s labels; a weight past [-128, 127] runs the i16 pairs).
+/// What runs the integer GEMM of an int8 weight in this process (for benchmarks' and `kiln
+/// bench`'s labels; a weight past [-128, 127] runs the i16 pairs): the name the dispatch
+/// itself ([`Arch::for_int`]) gives the kernels it picks for such a weight's layout.
 pub fn int8_tile_name() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if amx::available() {
-            return "AMX-INT8 tiles (a few rows, or k not a multiple of 64: AVX512-VNNI byte quads)";
-        }
-        if Arch::u8_tile_available(Isa::Avx512) {
-            return "AVX512-VNNI byte quads";
-        }
-        if effective_isa(Isa::Avx512) == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni") {
-            return "AVX512-VNNI i16 pairs";
-        }
-        if effective_isa(Isa::Avx2Fma).has_avx2() {
-            return if std::arch::is_x86_feature_detected!("avxvnni") { "AVX-VNNI i16 pairs" } else { "vpmaddwd i16 pairs" };
-        }
-    }
-    "portable integer code"
+    Arch::for_int(IntLayout::for_weight(true), Isa::Avx512, IntTiles::Best).name
 }
 
 /// Validates a safe-API GEMM and builds its raw description; `b` is packed B (f32, or i16
