@@ -97,10 +97,8 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: bool>(
             bp = bp.add(NR);
         }
     };
-    // The k steps in three runs — before, inside and after the prefetch slice — so that no
-    // step tests whether it prefetches (that test was 8 of the loop's 30 instructions).
-    let p0 = pf.0.min(kc);
-    let p1 = pf.1.clamp(p0, kc);
+    // The k steps before, inside and after the prefetch slice (`prefetch_stretch`).
+    let (p0, p1) = prefetch_stretch(pf, kc);
     for _ in 0..p0 {
         step(&mut acc);
     }
@@ -136,24 +134,24 @@ pub(super) unsafe fn store_tile<const R: usize>(
     // alpha = 1 (every GEMM but attention's scaled products): x·1 = x, one multiply fewer per vector.
     let unit = alpha == 1.0;
     if mr == R && nr == NR {
-        if let Some(t) = post {
-            // The linear part (scale, bias, and a residual that is added after no activation)
-            // in registers as the accumulators are stored, so they never leave registers; an
-            // activation or gate then runs over the stored rows (see `activate_row`).
-            let linear = t.act == Activation::None && !t.gated();
-            for (i, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    // SAFETY: full tile: row i < R, columns v*8..v*8+8 <= NR; the operands
-                    // cover them (the caller's contract).
-                    unsafe {
-                        let p = c.add(i * ldc + v * 8);
-                        let mut r = if beta {
-                            _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
-                        } else if unit {
-                            x
-                        } else {
-                            _mm256_mul_ps(x, alpha_v)
-                        };
+        // With an epilogue, its linear part (bias, and a residual added after no activation)
+        // is applied in registers as the accumulators are stored, so they never leave
+        // registers; an activation or gate then runs over the stored rows (`activate_row`).
+        let linear = post.is_none_or(|t| t.act == Activation::None && !t.gated());
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                // SAFETY: full tile: row i < R, columns v*8..v*8+8 <= NR; the epilogue's
+                // operands cover them (the caller's contract).
+                unsafe {
+                    let p = c.add(i * ldc + v * 8);
+                    let mut r = if beta {
+                        _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
+                    } else if unit {
+                        x
+                    } else {
+                        _mm256_mul_ps(x, alpha_v)
+                    };
+                    if let Some(t) = post {
                         let (bp, rp) = t.operands(i, v * 8);
                         if !bp.is_null() {
                             r = _mm256_add_ps(r, _mm256_loadu_ps(bp));
@@ -161,32 +159,15 @@ pub(super) unsafe fn store_tile<const R: usize>(
                         if linear && !rp.is_null() {
                             r = _mm256_add_ps(r, _mm256_loadu_ps(rp));
                         }
-                        _mm256_storeu_ps(p, r);
                     }
-                }
-            }
-            if !linear {
-                for i in 0..R {
-                    // SAFETY: full tile: row i < R.
-                    unsafe { activate_row(i, c, ldc, t) };
-                }
-            }
-            return;
-        }
-        for (i, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                // SAFETY: full tile: row i < MR, columns v*8..v*8+8 <= NR.
-                unsafe {
-                    let p = c.add(i * ldc + v * 8);
-                    let r = if beta {
-                        _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
-                    } else if unit {
-                        x
-                    } else {
-                        _mm256_mul_ps(x, alpha_v)
-                    };
                     _mm256_storeu_ps(p, r);
                 }
+            }
+        }
+        if let (Some(t), false) = (post, linear) {
+            for i in 0..R {
+                // SAFETY: full tile: row i < R.
+                unsafe { activate_row(i, c, ldc, t) };
             }
         }
     } else {

@@ -107,8 +107,7 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
             }};
         }
         // Before, inside and after the prefetch slice, as the f32 tile (`avx2::kernel_r`).
-        let p0 = pf.0.min(kc);
-        let p1 = pf.1.clamp(p0, kc);
+        let (p0, p1) = prefetch_stretch(pf, kc);
         for q in 0..p0 {
             step!(q);
         }

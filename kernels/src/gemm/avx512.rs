@@ -158,7 +158,7 @@ unsafe fn tile<const R: usize, const P: usize, const PF: bool, const DIRECT: boo
     };
     // Before, inside and after the prefetch slice, as the AVX2 tile (`avx2::kernel_r`): no
     // step tests whether it prefetches.
-    let (p0, p1) = if PF { (pf.0.min(kc), pf.1.clamp(pf.0.min(kc), kc)) } else { (kc, kc) };
+    let (p0, p1) = if PF { prefetch_stretch(pf, kc) } else { (kc, kc) };
     for p in 0..p0 {
         step(&mut acc, p);
     }

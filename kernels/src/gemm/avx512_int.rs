@@ -84,8 +84,7 @@ pub(super) unsafe fn plane<M: Madd, const R: usize, const P: usize>(
             }};
         }
         // Before, inside and after the prefetch slice, as the f32 tiles.
-        let p0 = pf.0.min(kq);
-        let p1 = pf.1.clamp(p0, kq);
+        let (p0, p1) = prefetch_stretch(pf, kq);
         for q in 0..p0 {
             step!(q);
         }

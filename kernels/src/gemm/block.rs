@@ -40,6 +40,16 @@ pub(super) fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize
     (t * kc / tiles, (t + 1) * kc / tiles)
 }
 
+/// A tile's prefetch slice `pf` held inside its `kc` k steps, `p0 <= p1 <= kc`: the tiles run
+/// their k loop as `0..p0`, `p0..p1` (prefetching) and `p1..kc`, so that no step tests whether
+/// it prefetches (that test was 8 of the AVX2 loop's 30 instructions), and no stretch runs a
+/// step past kc whatever slice a caller hands in.
+#[inline(always)]
+pub(super) fn prefetch_stretch(pf: (usize, usize), kc: usize) -> (usize, usize) {
+    let p0 = pf.0.min(kc);
+    (p0, pf.1.clamp(p0, kc))
+}
+
 /// How [`gemm_block`] cuts `rows` rows of `d` into blocks (also what `split` needs to know of
 /// them: its owners' pieces are these m blocks, and a panel split steals only in one block).
 pub(super) struct Blocking {

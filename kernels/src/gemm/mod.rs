@@ -93,6 +93,7 @@ use arch::PACKED;
 pub(crate) use batched::{gemm_batched_raw, injective};
 pub use batched::{batched_scratch_len, batched_scratch_len_per_thread, gemm_batched, BatchedGemmArgs, Strided, StridedMut};
 pub(crate) use block::{gemm_block, GemmDesc};
+use block::prefetch_stretch;
 pub(crate) use epilogue::TilePost;
 pub use epilogue::{Epilogue, EpilogueRef, GATED};
 pub(crate) use pack::{align64, apack_len, pack_b_raw};
