@@ -138,31 +138,36 @@ pub(super) unsafe fn store_tile<const R: usize>(
         // is applied in registers as the accumulators are stored, so they never leave
         // registers; an activation or gate then runs over the stored rows (`activate_row`).
         let linear = post.is_none_or(|t| t.act == Activation::None && !t.gated());
-        for (i, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                // SAFETY: full tile: row i < R, columns v*8..v*8+8 <= NR; the epilogue's
-                // operands cover them (the caller's contract).
-                unsafe {
-                    let p = c.add(i * ldc + v * 8);
-                    let mut r = if beta {
-                        _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p))
-                    } else if unit {
-                        x
-                    } else {
-                        _mm256_mul_ps(x, alpha_v)
-                    };
-                    if let Some(t) = post {
-                        let (bp, rp) = t.operands(i, v * 8);
-                        if !bp.is_null() {
-                            r = _mm256_add_ps(r, _mm256_loadu_ps(bp));
-                        }
-                        if linear && !rp.is_null() {
-                            r = _mm256_add_ps(r, _mm256_loadu_ps(rp));
-                        }
-                    }
-                    _mm256_storeu_ps(p, r);
-                }
+        // What the store applies is settled once per tile, not per vector: bias at column 0 of
+        // the tile, the residual's row 0 and its stride (rows below at `+ i·stride`).
+        let (bias, res, rs) = match post {
+            // SAFETY: operands of the tile's row 0 (the caller's contract).
+            Some(t) => {
+                let (b, r) = unsafe { t.operands(0, 0) };
+                (b, if linear { r } else { std::ptr::null() }, t.epi.residual_stride)
             }
+            None => (std::ptr::null(), std::ptr::null(), 0),
+        };
+        macro_rules! full {
+            ($scale:literal, $bias:literal) => {
+                // SAFETY: forwarded (a full tile; bias and residual cover it when not null).
+                unsafe {
+                    if res.is_null() {
+                        store_full::<R, $scale, $bias, false>(acc, c, ldc, alpha_v, bias, res, rs)
+                    } else {
+                        store_full::<R, $scale, $bias, true>(acc, c, ldc, alpha_v, bias, res, rs)
+                    }
+                }
+            };
+        }
+        // Scale mode: 0 plain (alpha = 1), 1 scaled, 2 scaled and added to C.
+        match (if beta { 2 } else if unit { 0 } else { 1 }, !bias.is_null()) {
+            (0, false) => full!(0, false),
+            (0, true) => full!(0, true),
+            (1, false) => full!(1, false),
+            (1, true) => full!(1, true),
+            (_, false) => full!(2, false),
+            (_, true) => full!(2, true),
         }
         if let (Some(t), false) = (post, linear) {
             for i in 0..R {
@@ -201,6 +206,50 @@ pub(super) unsafe fn store_tile<const R: usize>(
                     _mm256_maskstore_ps(p, m, r);
                 }
                 col += 8;
+            }
+        }
+    }
+}
+
+/// The full tile's store with what it applies fixed at compile time: `SCALE` 0 stores the
+/// accumulator, 1 `alpha·acc`, 2 `alpha·acc + C`; then `+ bias` (`BIAS`) and `+ residual` (`RES`;
+/// row i at `res + i·rs`). The per-tile choice among these (in [`store_tile`]) replaces tests per
+/// vector: with them the row loop was not unrolled, so the accumulators went to the stack after
+/// the k loop and every vector paid about twenty scalar instructions and branches — on the Zen 3
+/// of 2026-12-07 the store of attention's Q·Kᵀ tiles (k = 32) cost more than a third of their
+/// k loop. The same operations in the same order as before: the same bits.
+///
+/// # Safety
+/// AVX2+FMA present; `c` writable for R rows of NR floats at stride ldc; `bias` (when `BIAS`)
+/// readable for NR floats, `res` (when `RES`) for R rows of NR floats at stride `rs`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_full<const R: usize, const SCALE: u8, const BIAS: bool, const RES: bool>(
+    acc: &[[__m256; NV]; R],
+    c: *mut f32,
+    ldc: usize,
+    alpha_v: __m256,
+    bias: *const f32,
+    res: *const f32,
+    rs: usize,
+) {
+    for (i, row) in acc.iter().enumerate() {
+        for (v, &x) in row.iter().enumerate() {
+            // SAFETY: row i < R, columns v*8..v*8+8 <= NR (the caller's contract).
+            unsafe {
+                let p = c.add(i * ldc + v * 8);
+                let mut r = match SCALE {
+                    0 => x,
+                    1 => _mm256_mul_ps(x, alpha_v),
+                    _ => _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p)),
+                };
+                if BIAS {
+                    r = _mm256_add_ps(r, _mm256_loadu_ps(bias.add(v * 8)));
+                }
+                if RES {
+                    r = _mm256_add_ps(r, _mm256_loadu_ps(res.add(i * rs + v * 8)));
+                }
+                _mm256_storeu_ps(p, r);
             }
         }
     }
