@@ -66,10 +66,20 @@ pub(crate) unsafe fn gemm_raw_with(
     }
     let n_panels = d.n.div_ceil(NR);
     let m_strips = d.m.div_ceil(MR);
+    // (k = 0 is one epilogue pass per tile, without blocks.)
+    let blocking = (d.k > 0).then(|| Blocking::new(d, d.m, arch));
+    // Rows when there are more strips than panels, and whenever A takes several m blocks: a
+    // panel split then packs every A block on every thread and re-streams its half of B per
+    // block, and (not one block) cannot steal. Measured on the AVX2-only Zen 3 of 2026-12-07,
+    // 2 threads, `gemm_bench` hot: 512×384·384×1536 84–85% of the peak by panels, 90–94% by rows
+    // (256 rows: 88–89% / 90–94%); `model_gemms` (MiniLM's 36 GEMMs, cold weights) at 512 tokens
+    // 71.6–82.4 ms → 65.0–65.4 ms. At one m block (m ≤ 144) panels stay: there each thread
+    // streams half of a cold B, and rows measured slower (`model_gemms` at 128 tokens).
+    let several_m_blocks = blocking.as_ref().is_some_and(|b| b.mc_step < d.m);
     let by_rows = match split {
         Split::Rows => true,
         Split::Panels => false,
-        Split::Auto => m_strips > n_panels,
+        Split::Auto => m_strips > n_panels || several_m_blocks,
     };
     let units = if by_rows { m_strips } else { n_panels };
     let tasks = threads.min(units).max(1);
@@ -82,7 +92,7 @@ pub(crate) unsafe fn gemm_raw_with(
     // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
     // k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
     // A per 32-row block, keeps the static split; its row splits steal like the others.)
-    let one_block = d.k > 0 && Blocking::new(d, d.m, arch).single(d.m);
+    let one_block = blocking.is_some_and(|b| b.single(d.m));
     let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
     let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
         if stealing && t < tasks {
