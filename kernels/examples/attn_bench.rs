@@ -41,6 +41,7 @@ fn bench(s: usize, open: usize, batch: usize, pool: &ThreadPool) {
     let mut scratch = vec![0.0f32; attention_batched_scratch_len(dims, pool.threads())];
     let isa = detect_isa();
     let mut best = f64::MAX;
+    let mut all = Vec::new();
     let runs = (2000 * 128 * 128 / (batch * s * s)).max(20);
     for _ in 0..runs {
         let t0 = Instant::now();
@@ -62,12 +63,16 @@ fn bench(s: usize, open: usize, batch: usize, pool: &ThreadPool) {
         .expect("attention");
         black_box(&out);
         best = best.min(t0.elapsed().as_secs_f64());
+        all.push(t0.elapsed().as_secs_f64());
     }
     let flops = 4.0 * (batch * h * s * s * d) as f64;
+    all.sort_by(f64::total_cmp);
+    let median = all[all.len() / 2];
     println!(
-        "attention {batch}x{s} ({open} keys open), {h} heads, {isa:?}, {} thread(s): best {:.1} µs ({:.1} GF/s over all keys)",
+        "attention {batch}x{s} ({open} keys open), {h} heads, {isa:?}, {} thread(s): best {:.1} µs ({:.1} GF/s over all keys), median {:.1} µs",
         pool.threads(),
         best * 1e6,
-        flops / best / 1e9
+        flops / best / 1e9,
+        median * 1e6
     );
 }
