@@ -68,18 +68,29 @@ pub(crate) unsafe fn gemm_raw_with(
     let m_strips = d.m.div_ceil(MR);
     // (k = 0 is one epilogue pass per tile, without blocks.)
     let blocking = (d.k > 0).then(|| Blocking::new(d, d.m, arch));
-    // Rows when there are more strips than panels, and whenever A takes several m blocks: a
-    // panel split then packs every A block on every thread and re-streams its half of B per
-    // block, and (not one block) cannot steal. Measured on the AVX2-only Zen 3 of 2026-12-07,
-    // 2 threads, `gemm_bench` hot: 512×384·384×1536 84–85% of the peak by panels, 90–94% by rows
-    // (256 rows: 88–89% / 90–94%); `model_gemms` (MiniLM's 36 GEMMs, cold weights) at 512 tokens
-    // 71.6–82.4 ms → 65.0–65.4 ms. At one m block (m ≤ 144) panels stay: there each thread
-    // streams half of a cold B, and rows measured slower (`model_gemms` at 128 tokens).
-    let several_m_blocks = blocking.as_ref().is_some_and(|b| b.mc_step < d.m);
+    // Rows when there are more strips than panels, and when A takes several m blocks and rows
+    // move fewer operand floats per thread: a panel split packs all of A on every thread and
+    // reads its share of B once per m block (and, not one block, cannot steal); a row split
+    // packs its share of A and reads all of B once per m block of its rows. With 2 threads and
+    // MiniLM's FFN-up (n = 1536) that gives rows at m = 256 and 512, panels at 384 (`model_gemms`
+    // at 384 tokens: 45.9–46.3 ms so, 46.1–54.9 with rows forced); with many threads, panels
+    // again (16 threads at m = 512: rows would read 4× the B). Measured on the AVX2-only Zen 3
+    // of 2026-12-07, 2 threads, `gemm_bench` hot: 512×384·384×1536 84–85% of the peak by
+    // panels, 90–94% by rows (256 rows: 88–89% / 90–94%); `model_gemms` (MiniLM's 36 GEMMs,
+    // cold weights) at 512 tokens 71.6–82.4 ms → 63.9–66.2 ms. At one m block (m ≤ 144) panels
+    // stay: there each thread streams its share of a cold B, and rows measured slower
+    // (`model_gemms` at 128 tokens).
+    let rows_read_less = blocking.as_ref().is_some_and(|b| {
+        let t = threads.max(1);
+        let (a, bk) = (d.m.saturating_mul(d.k), d.k.saturating_mul(d.n));
+        let by_rows = (a / t).saturating_add(bk.saturating_mul(d.m.div_ceil(t).div_ceil(b.mc_step)));
+        let by_panels = a.saturating_add((bk / t).saturating_mul(d.m.div_ceil(b.mc_step)));
+        b.mc_step < d.m && by_rows <= by_panels
+    });
     let by_rows = match split {
         Split::Rows => true,
         Split::Panels => false,
-        Split::Auto => m_strips > n_panels || several_m_blocks,
+        Split::Auto => m_strips > n_panels || rows_read_less,
     };
     let units = if by_rows { m_strips } else { n_panels };
     let tasks = threads.min(units).max(1);
