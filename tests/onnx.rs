@@ -348,27 +348,17 @@ fn fixed_sequence_length_export_pads_to_it() {
     assert!(e.buckets().iter().all(|b| b.seq == 16) && t.max_tokens == 16, "{:?}", e.buckets());
 }
 
-/// The legacy-style export quantized by onnxruntime's `quantize_dynamic` (int8 weights, uint8
-/// activations quantized per batch: DynamicQuantizeLinear + MatMulInteger), with `reduce_range`
-/// (7-bit weights): on AVX2 without VNNI onnxruntime's u8×s8 kernel sums pairs of products in
-/// int16 with saturation (VPMADDUBSW, as its quantization docs say), which full-range weights
-/// overflow, and its reference is then off by up to 1e-2 on one sentence (measured on a Zen 3,
-/// 2026-12-07; kiln's two backends agreed with each other). kiln's embeddings
-/// stay within quantization noise of onnxruntime's. One sentence (no padding): max abs ≤ 1e-3
-/// (measured 4.5e-8 on the reference backend). A padded batch of three is noisy by nature (one
+/// The legacy-style export quantized by onnxruntime's `quantize_dynamic` (`ort_quantize.py
+/// dynamic`: int8 weights with `reduce_range`, which keeps onnxruntime's own reference exact on
+/// AVX2 without VNNI, uint8 activations quantized per batch: DynamicQuantizeLinear +
+/// MatMulInteger): kiln's embeddings stay within quantization noise of onnxruntime's. One
+/// sentence (no padding): max abs ≤ 1e-3 (measured 4.5e-8 on the reference backend). A padded batch of three is noisy by nature (one
 /// activation scale for the whole tensor, padded rows included, then rounding): onnxruntime's
 /// optimized and unoptimized sessions agree only to cosine 0.990 there (measured), so kiln is
 /// held to cosine ≥ 0.985 per embedding (measured ≥ 0.989 on both backends).
 #[test]
 fn dynamically_quantized_export_is_within_quantization_noise() {
-    let Some((dir, out, fp32)) = legacy_export("qdyn") else { return };
-    let q = out.join("minilm_qdyn.onnx");
-    let code = format!(
-        "from onnxruntime.quantization import quantize_dynamic, QuantType; quantize_dynamic({:?}, {:?}, weight_type=QuantType.QInt8, reduce_range=True)",
-        fp32.to_str().unwrap(),
-        q.to_str().unwrap()
-    );
-    script(&["-c", &code]);
+    let Some((dir, out, q)) = quantized_export("dynamic") else { return };
     for (kind, set, cosines, worst) in embeddings_vs_onnxruntime(&q, &dir, &out.join("case")) {
         assert!(cosines.iter().all(|&c| c >= 0.985), "{kind:?} {set}: cosines {cosines:?}");
         if set == "test_data_set_0" {
@@ -378,7 +368,8 @@ fn dynamically_quantized_export_is_within_quantization_noise() {
 }
 
 /// The legacy-style export quantized by `scripts/ort_quantize.py MODE` (onnxruntime's
-/// quantization tools, static ranges calibrated on six sentences) into `out/minilm_MODE.onnx`.
+/// quantization tools; the static modes' ranges calibrated on six sentences) into
+/// `out/minilm_MODE.onnx`.
 fn quantized_export(mode: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let (dir, out, fp32) = legacy_export(&format!("q_{mode}"))?;
     let q = out.join(format!("minilm_{mode}.onnx"));
