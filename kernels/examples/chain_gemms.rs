@@ -1,0 +1,128 @@
+//! MiniLM-L6's 24 dense GEMMs at one token count, chained as the model runs them: each GEMM's A
+//! is the previous one's output (written by all the threads, as in the model; `model_gemms`
+//! gives every GEMM the same hot A), every layer its own packed weights (42 MB, cold), bias on
+//! each and the GELU on FFN-up. Prints per kind (QKV, output projection, FFN-up, FFN-down) and
+//! in all the best pass, the lower quartile and the median: on a shared host the best pass
+//! alone hides how a change fares when the other tenants are busy.
+//!
+//! `AB="kind=split,..."` (kinds `qkv`, `out`, `up`, `down`; splits `rows`, `panels`) alternates
+//! passes between the kernel's own split and the one given, so both columns see the same minutes.
+//!
+//! `cargo run --release -p kiln-kernels --example chain_gemms -- [m [passes]]` (default 128 200);
+//! `THREADS` (default 2).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kiln_kernels::detect_isa;
+use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, pack_b, EpilogueRef, PackedB, Split};
+use kiln_kernels::math::Activation;
+use kiln_kernels::threadpool::ThreadPool;
+
+/// (name, k, n) in the order a layer runs them; the output projection reads the first 384
+/// columns of the QKV output (a strided A, as attention's output would not be).
+const KINDS: [(&str, usize, usize); 4] = [("qkv", 384, 1152), ("out", 384, 384), ("up", 384, 1536), ("down", 1536, 384)];
+
+fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
+        })
+        .collect()
+}
+
+/// The `AB` variable: the split each kind takes in the alternate passes (None: no alternation).
+fn alternate() -> Option<[Split; 4]> {
+    let spec = std::env::var("AB").ok()?;
+    let mut splits = [Split::Auto; 4];
+    for item in spec.split(',').filter(|s| !s.is_empty()) {
+        let (kind, split) = item.split_once('=').unwrap_or_else(|| panic!("AB: `{item}` is not kind=split"));
+        let i = KINDS.iter().position(|k| k.0 == kind).unwrap_or_else(|| panic!("AB: unknown kind `{kind}`"));
+        splits[i] = match split {
+            "rows" => Split::Rows,
+            "panels" => Split::Panels,
+            _ => panic!("AB: unknown split `{split}` (rows or panels)"),
+        };
+    }
+    Some(splits)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("m and passes are numbers"));
+    let m = args.next().unwrap_or(128);
+    let passes = args.next().unwrap_or(200).max(8);
+    let threads: usize = std::env::var("THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(2);
+    let alt = alternate();
+    let isa = detect_isa();
+    // Weights scaled so that activations keep their size through the chain.
+    let weights: Vec<(PackedB, Vec<f32>)> = (0..6 * KINDS.len())
+        .map(|i| {
+            let (_, k, n) = KINDS[i % KINDS.len()];
+            let w = rand_vec(k * n, i as u64, 3.4 / (k as f32).sqrt());
+            (pack_b(&w, k, n, k, true).expect("pack"), rand_vec(n, 7, 0.1))
+        })
+        .collect();
+    let pool = ThreadPool::new(threads);
+    let pool = (threads > 1).then_some(&pool);
+    let mut h = rand_vec(m * 384, 3, 1.0);
+    let mut qkv = vec![0f32; m * 1152];
+    let mut attn = vec![0f32; m * 384];
+    let mut ffn = vec![0f32; m * 1536];
+    let mut scratch = vec![0f32; gemm_scratch_len(m, 1536, 1536, threads)];
+    // times[variant][kind, or 4 for the pass]
+    let mut times: [[Vec<f64>; 5]; 2] = Default::default();
+    for pass in 0..passes {
+        let v = usize::from(alt.is_some() && pass % 2 == 1);
+        let split = |kind: usize| if v == 1 { alt.map_or(Split::Auto, |a| a[kind]) } else { Split::Auto };
+        let mut kind_s = [0f64; 4];
+        let t0 = Instant::now();
+        for layer in 0..6 {
+            let w = |kind: usize| &weights[layer * KINDS.len() + kind];
+            let epi = |kind: usize| EpilogueRef {
+                bias: Some(&w(kind).1),
+                activation: if kind == 2 { Activation::GeluErf } else { Activation::None },
+                ..Default::default()
+            };
+            // (A, lda, C, ldc) of each kind, in order.
+            for kind in 0..KINDS.len() {
+                let (_, k, n) = KINDS[kind];
+                let t = Instant::now();
+                let r = match kind {
+                    0 => gemm_split(m, k, n, &h, 384, w(0).0.as_slice(), &mut qkv, 1152, false, &epi(0), &mut scratch, pool, isa, split(0)),
+                    1 => gemm_split(m, k, n, &qkv, 1152, w(1).0.as_slice(), &mut attn, 384, false, &epi(1), &mut scratch, pool, isa, split(1)),
+                    2 => gemm_split(m, k, n, &attn, 384, w(2).0.as_slice(), &mut ffn, 1536, false, &epi(2), &mut scratch, pool, isa, split(2)),
+                    _ => gemm_split(m, k, n, &ffn, 1536, w(3).0.as_slice(), &mut h, 384, false, &epi(3), &mut scratch, pool, isa, split(3)),
+                };
+                r.expect("gemm");
+                kind_s[kind] += t.elapsed().as_secs_f64();
+            }
+        }
+        black_box(&h);
+        let total = t0.elapsed().as_secs_f64();
+        // The first passes warm the caches and the pool up.
+        if pass >= 4 {
+            for (kind, s) in kind_s.iter().enumerate() {
+                times[v][kind].push(s * 1e3);
+            }
+            times[v][4].push(total * 1e3);
+        }
+    }
+    println!("ISA {isa:?}, {m} tokens, {threads} thread(s), ms for the 6 layers: best / lower quartile / median of {} passes", times[0][4].len());
+    let names = ["qkv", "out", "up+gelu", "down", "all"];
+    for (kind, name) in names.iter().enumerate() {
+        let mut line = format!("{name:>8}");
+        for (v, label) in ["own split", "AB split"].iter().enumerate() {
+            let t = &mut times[v][kind];
+            if t.is_empty() {
+                continue;
+            }
+            t.sort_by(f64::total_cmp);
+            line += &format!("   {label}: {:8.3} {:8.3} {:8.3}", t[0], t[t.len() / 4], t[t.len() / 2]);
+        }
+        println!("{line}");
+    }
+}
