@@ -23,16 +23,12 @@ use kiln_kernels::threadpool::ThreadPool;
 /// columns of the QKV output (a strided A, as attention's output would not be).
 const KINDS: [(&str, usize, usize); 4] = [("qkv", 384, 1152), ("out", 384, 384), ("up", 384, 1536), ("down", 1536, 384)];
 
+#[path = "common/mod.rs"]
+mod common;
+
+/// [`common::rand_vec`] times `scale`.
 fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
-        })
-        .collect()
+    common::rand_vec(n, seed).into_iter().map(|x| x * scale).collect()
 }
 
 /// The `AB` variable: the split each kind takes in the alternate passes (None: no alternation).

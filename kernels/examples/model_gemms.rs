@@ -13,17 +13,9 @@ use kiln_kernels::gemm::{gemm_scratch_len, gemm_split, pack_b, EpilogueRef, Pack
 use kiln_kernels::math::Activation;
 use kiln_kernels::threadpool::ThreadPool;
 
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::rand_vec;
 
 fn main() {
     let ms: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
