@@ -31,24 +31,30 @@ fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     common::rand_vec(n, seed).into_iter().map(|x| x * scale).collect()
 }
 
+/// Prints `msg` and exits (a mistyped argument, not a bug).
+fn usage(msg: String) -> ! {
+    eprintln!("chain_gemms: {msg}");
+    std::process::exit(2)
+}
+
 /// The `AB` variable: the split each kind takes in the alternate passes (None: no alternation).
 fn alternate() -> Option<[Split; 4]> {
     let spec = std::env::var("AB").ok()?;
     let mut splits = [Split::Auto; 4];
     for item in spec.split(',').filter(|s| !s.is_empty()) {
-        let (kind, split) = item.split_once('=').unwrap_or_else(|| panic!("AB: `{item}` is not kind=split"));
-        let i = KINDS.iter().position(|k| k.0 == kind).unwrap_or_else(|| panic!("AB: unknown kind `{kind}`"));
+        let (kind, split) = item.split_once('=').unwrap_or_else(|| usage(format!("AB: `{item}` is not kind=split")));
+        let i = KINDS.iter().position(|k| k.0 == kind).unwrap_or_else(|| usage(format!("AB: unknown kind `{kind}` (qkv, out, up, down)")));
         splits[i] = match split {
             "rows" => Split::Rows,
             "panels" => Split::Panels,
-            _ => panic!("AB: unknown split `{split}` (rows or panels)"),
+            _ => usage(format!("AB: unknown split `{split}` (rows or panels)")),
         };
     }
     Some(splits)
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("m and passes are numbers"));
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().unwrap_or_else(|_| usage(format!("`{a}`: m and passes are numbers"))));
     let m = args.next().unwrap_or(128);
     let passes = args.next().unwrap_or(200).max(8);
     let threads: usize = std::env::var("THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(2);
