@@ -35,19 +35,9 @@ fn probe(threads: usize, best: &mut f64) -> impl FnMut() + '_ {
     }
 }
 
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::rand_vec;
 
 /// CPU time of the calling thread in seconds (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`); unlike
 /// wall time it does not count time the thread spent preempted by other processes.

@@ -1,5 +1,5 @@
-//! What the GEMM examples share (`#[path]`-included: cargo builds only `examples/*.rs` and
-//! `examples/*/main.rs` as examples).
+//! What the GEMM examples (`gemm_bench`, `model_gemms`, `chain_gemms`) share, `#[path]`-included
+//! (cargo builds only `examples/*.rs` and `examples/*/main.rs` as examples).
 
 /// `n` pseudo-random floats in [-0.5, 0.5) from `seed` (xorshift64): the same data on every run.
 pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
