@@ -352,10 +352,11 @@ fn fixed_sequence_length_export_pads_to_it() {
 /// dynamic`: int8 weights with `reduce_range`, which keeps onnxruntime's own reference exact on
 /// AVX2 without VNNI, uint8 activations quantized per batch: DynamicQuantizeLinear +
 /// MatMulInteger): kiln's embeddings stay within quantization noise of onnxruntime's. One
-/// sentence (no padding): max abs ≤ 1e-3 (measured 4.5e-8 on the reference backend). A padded batch of three is noisy by nature (one
-/// activation scale for the whole tensor, padded rows included, then rounding): onnxruntime's
-/// optimized and unoptimized sessions agree only to cosine 0.990 there (measured), so kiln is
-/// held to cosine ≥ 0.985 per embedding (measured ≥ 0.989 on both backends).
+/// sentence (no padding): max abs ≤ 1e-3 (measured 4.5e-8 on the reference backend). A padded
+/// batch of three is noisy by nature (one activation scale for the whole tensor, padded rows
+/// included, then rounding): onnxruntime's optimized and unoptimized sessions agree only to
+/// cosine 0.990 there (measured), so kiln is held to cosine ≥ 0.985 per embedding (measured
+/// ≥ 0.989 on both backends).
 #[test]
 fn dynamically_quantized_export_is_within_quantization_noise() {
     let Some((dir, out, q)) = quantized_export("dynamic") else { return };
