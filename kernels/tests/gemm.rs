@@ -540,6 +540,8 @@ fn threaded_results_are_bitwise_identical() {
         (300, 48, 33),
         (6, 1000, 17),
         (250, 250, 300),
+        // A panel split of several k blocks: each thread's share (8 panels) reads A in place.
+        (128, 384, 1000),
     ]
     .iter()
     .enumerate()

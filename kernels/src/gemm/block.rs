@@ -34,6 +34,9 @@ unsafe impl Send for GemmDesc {}
 /// (`KILN_NO_AVX512=1`): 155-157 → 163-164, 160-165 → 167-168, 151-159 → 160-161.
 /// A block of at most this many B panels reads A in place (see `gemm_block`).
 const DIRECT_PANELS: usize = 4;
+/// A thread's share of a panel split of at most this many panels reads A in place on the
+/// one-panel tiles (AVX2, portable; see `gemm_block`).
+const SHARE_DIRECT_PANELS: usize = 12;
 
 #[inline]
 pub(super) fn prefetch_slice(t: usize, tiles: usize, kc: usize) -> (usize, usize) {
@@ -188,8 +191,23 @@ pub(crate) unsafe fn gemm_block_with(
     // place too: gemm_bench on the Xeon of 2026-12-06, 2 threads, 3136×576·576×64 341–350 →
     // 378–382 GF/s (pack_a had been 30% of the time), 12544×147·147×64 (the stem) 342–361 →
     // 367–378; on AVX2 81–85% → 87–98% of the peak. Eight panels (n = 128) measured mixed.
+    // A thread's share of a panel split (fewer panels than the GEMM has) reads A in place up
+    // to SHARE_DIRECT_PANELS on the one-panel tiles (AVX2, portable): there every thread packs all of A for only its
+    // share of the panels, the packing is not spread over many tiles, and its loads of rows
+    // the other thread wrote stall the thread before its first FMA, where the tiles overlap
+    // them. Measured on the AVX2-only Zen 3 of 2026-12-07, 2 threads (`chain_gemms`, the
+    // model's chained GEMMs, passes alternated in one process, best / lower quartile): at 128
+    // tokens the output projection 1.276 → 1.242 / 1.326 → 1.271 ms for the six layers and
+    // FFN-down (four k blocks) 5.096 → 4.919 / 5.218 → 5.058, the 24 GEMMs 15.54 → 15.36 ms;
+    // at 16 and 64 tokens out −7% and −9%, down −5% and −3%; 256 tokens and more split by
+    // rows, unchanged. Hot (`gemm_bench` shapes, bias): 128×384·384×384 185 → 194 GF/s,
+    // 128×1536·1536×384 185 → 190. The whole range of one thread (24 panels, 1 thread) read
+    // in place measured 0.3–0.8% slower, so it keeps packing; the AVX-512 tile (two panels
+    // wide, twelve rows of broadcasts) was not measurable on this machine and keeps the rule
+    // above.
     let tiles_per_strip = if arch.wide.is_some() { (p1 - p0).div_ceil(2) } else { p1 - p0 };
-    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= DIRECT_PANELS || (d.k <= 64 && tiles_per_strip <= 16));
+    let share = arch.wide.is_none() && p1 - p0 < d.n.div_ceil(NR) && p1 - p0 <= SHARE_DIRECT_PANELS;
+    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= DIRECT_PANELS || share || (d.k <= 64 && tiles_per_strip <= 16));
     let mut kc0 = 0;
     while kc0 < k {
         let kc = kc_step.min(k - kc0);
