@@ -22,7 +22,7 @@
 
 use crate::error::check_len;
 use crate::gemm::{
-    align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, NR,
+    align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, StealRange, Taker, NR,
 };
 use crate::math::{exp_shift_sum_raw, scale_raw, Activation};
 use crate::threadpool::{scratch_slots, ThreadPool};
@@ -621,6 +621,28 @@ pub(crate) unsafe fn attention_batched_raw(
         unsafe { attention_head_raw(&h, (sp as *mut f32).wrapping_add(w * per), &arch, isa) };
     };
     match pool {
+        // A scratch region per thread: each thread owns a contiguous range of (batch, head) items,
+        // runs it from the front and then takes single items from the back of the others'
+        // (`gemm::steal`, as the GEMMs' splits), instead of all threads claiming the next item
+        // from one counter. A thread's heads are then neighbours: their Q, K and V columns are
+        // adjacent in the rows, which the prefetchers follow, and the two threads do not read the
+        // lines around each other's heads. Measured (`attn_bench`, 2 threads, the two ways
+        // alternated run by run in one process, best of ~1000) on the AVX2-only Zen 3 of
+        // 2026-12-07: 1×128 210.4 → 202.3, 209.9 → 201.8, 209.7 → 201.8 µs for the 12 heads;
+        // 8×128 1717 → 1708, 1705 → 1654, 1953 → 1930 µs. Each head is computed by one thread
+        // as before: the same bits.
+        Some(p) if workers >= p.threads() && (2..=u32::MAX as usize).contains(&items) => {
+            let tasks = p.threads().min(items);
+            let ranges: Vec<StealRange> = (0..tasks).map(|t| StealRange::new(t * items / tasks, (t + 1) * items / tasks)).collect();
+            p.run_indexed(tasks, &|t, w| {
+                let mut taker = Taker { own: t, ranges: &ranges, most: 4, bite: 1 };
+                while let Some((a, b)) = taker.take() {
+                    for i in a..b {
+                        body(i, w);
+                    }
+                }
+            });
+        }
         Some(p) if workers > 1 => p.run_slots(items, workers, &body),
         _ => (0..items).for_each(|i| body(i, 0)),
     }

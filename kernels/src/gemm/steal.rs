@@ -1,5 +1,6 @@
-//! A range of a GEMM's row strips or B panels that one thread works through from the front
-//! while the others, once their own ranges are done, take small pieces from its back.
+//! A range of a GEMM's row strips or B panels (or of batched attention's heads) that one thread
+//! works through from the front while the others, once their own ranges are done, take small
+//! pieces from its back.
 //!
 //! Why: a static split gives each of two threads half the work and the GEMM ends with the slower
 //! one. On a shared VM the two cores are rarely equally fast (the Xeon of 2026-12-06, seventh
@@ -16,10 +17,10 @@ use super::block::PanelSource;
 
 /// Units (strips or panels) `front..back`, packed as `back << 32 | front` so that one
 /// compare-and-swap moves either end.
-pub(super) struct StealRange(AtomicU64);
+pub(crate) struct StealRange(AtomicU64);
 
 impl StealRange {
-    pub(super) fn new(front: usize, back: usize) -> StealRange {
+    pub(crate) fn new(front: usize, back: usize) -> StealRange {
         debug_assert!(front <= back && back <= u32::MAX as usize);
         StealRange(AtomicU64::new(((back as u64) << 32) | front as u64))
     }
@@ -65,16 +66,16 @@ impl StealRange {
 /// One thread's way through the ranges of a split: its own from the front, `most` at a time
 /// (halving towards the end, no fewer than `bite`), then the others' from their backs, `bite` at
 /// a time.
-pub(super) struct Taker<'a> {
-    pub(super) own: usize,
-    pub(super) ranges: &'a [StealRange],
-    pub(super) most: usize,
-    pub(super) bite: usize,
+pub(crate) struct Taker<'a> {
+    pub(crate) own: usize,
+    pub(crate) ranges: &'a [StealRange],
+    pub(crate) most: usize,
+    pub(crate) bite: usize,
 }
 
 impl Taker<'_> {
     /// The next range this thread runs, or None when every range is empty.
-    pub(super) fn take(&mut self) -> Option<(usize, usize)> {
+    pub(crate) fn take(&mut self) -> Option<(usize, usize)> {
         let n = self.ranges.len();
         self.ranges[self.own].take_front(self.most, self.bite).or_else(|| {
             (1..n).find_map(|v| self.ranges[(self.own + v) % n].take_back(self.bite))
