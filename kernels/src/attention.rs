@@ -41,6 +41,8 @@ pub const TWO_PASS_MAX_KEYS: usize = 2048;
 /// (256 measured 10% slower: the P·V GEMM's k gets short.)
 pub const KEY_BLOCK: usize = 512;
 const SLACK: usize = 16;
+/// Threads beyond this many claim heads from one counter (the stealable ranges live on the stack).
+const MAX_STEAL_TASKS: usize = 64;
 
 /// Sizes of one attention head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -631,11 +633,18 @@ pub(crate) unsafe fn attention_batched_raw(
         // 2026-12-07: 1×128 210.4 → 202.3, 209.9 → 201.8, 209.7 → 201.8 µs for the 12 heads;
         // 8×128 1717 → 1708, 1705 → 1654, 1953 → 1930 µs. Each head is computed by one thread
         // as before: the same bits.
-        Some(p) if workers >= p.threads() && (2..=u32::MAX as usize).contains(&items) => {
+        // (The ranges live on the stack: `run` allocates nothing, `tests/cpu_noalloc.rs`.)
+        Some(p) if workers >= p.threads() && p.threads() <= MAX_STEAL_TASKS && (2..=u32::MAX as usize).contains(&items) => {
             let tasks = p.threads().min(items);
-            let ranges: Vec<StealRange> = (0..tasks).map(|t| StealRange::new(t * items / tasks, (t + 1) * items / tasks)).collect();
+            let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
+                if t < tasks {
+                    StealRange::new(t * items / tasks, (t + 1) * items / tasks)
+                } else {
+                    StealRange::new(0, 0)
+                }
+            });
             p.run_indexed(tasks, &|t, w| {
-                let mut taker = Taker { own: t, ranges: &ranges, most: 4, bite: 1 };
+                let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4, bite: 1 };
                 while let Some((a, b)) = taker.take() {
                     for i in a..b {
                         body(i, w);
