@@ -9,7 +9,6 @@
 //! `ONLY=shapes` stops after that first table (for profiling it alone).
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kiln_kernels::attention::{
@@ -26,34 +25,14 @@ fn fma_peak(threads: usize) -> f64 {
 }
 
 /// A closure for [`best_of`]'s rounds that reads the peak of `threads` threads once per round
-/// and keeps the best in `best` (NaN without a SIMD peak). With a `pool`, the probe ends by
-/// waking its workers ([`wake`]): the probe's own threads run ~4 ms, long enough for the pool's
-/// workers to park, and the GEMM timed next would otherwise pay their wake-up (~50–100 µs on a
-/// VM) — in the MiniLM shapes at 2 threads, the first GEMM of each round (the one without an
-/// epilogue) read up to 10 points of the peak below the one after it.
-fn probe<'a>(threads: usize, best: &'a mut f64, pool: Option<&'a ThreadPool>) -> impl FnMut() + 'a {
+/// and keeps the best in `best` (NaN without a SIMD peak).
+fn probe(threads: usize, best: &mut f64) -> impl FnMut() + '_ {
     move || {
         *best = match kiln_kernels::peak::fma_peak_probe(threads) {
             Some(p) => best.max(p),
             None => f64::NAN,
-        };
-        if let Some(p) = pool {
-            wake(p);
         }
     }
-}
-
-/// Runs one task per thread of `pool`, each waiting (up to 2 ms) until all have started: when it
-/// returns, every worker is awake and spinning for the next job, as between a model's kernels.
-fn wake(pool: &ThreadPool) {
-    let started = AtomicUsize::new(0);
-    pool.run(pool.threads(), &|_| {
-        started.fetch_add(1, Ordering::SeqCst);
-        let t0 = Instant::now();
-        while started.load(Ordering::SeqCst) < pool.threads() && t0.elapsed() < Duration::from_millis(2) {
-            std::hint::spin_loop();
-        }
-    });
 }
 
 #[path = "common/mod.rs"]
@@ -111,9 +90,11 @@ fn best_of(min_time: Duration, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
 }
 
 /// [`best_of`] with each closure called `burst` times in a row per round, each call timed: the
-/// calls after the first meet the caches and the pool's workers as a model's next kernel does
-/// (a GEMM of ~200 µs after a 4 ms peak probe read up to 20 points of the peak below the same
-/// GEMM run back to back).
+/// calls after the first meet the caches and the pool's workers as a model's next kernel does.
+/// On the Zen 3 of 2026-12-07 a 2-thread GEMM of ~200 µs timed once per round, right after a
+/// 4 ms peak probe, read 10–20 points of the peak below the same GEMM run back to back
+/// (128×384·384×384: 75–82% against 93–95%); waking the pool's worker after the probe did not
+/// close the gap, bursts did.
 fn best_of_bursts(min_time: Duration, burst: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
     for f in fs.iter_mut() {
         f();
@@ -302,8 +283,8 @@ fn main() {
         // GEMM of ~200 µs.
         // A peak probe in each round: the share of the peak compares rates of the same seconds.
         let (mut w1, mut w2) = (0f64, 0f64);
-        let t1 = best_of_bursts(min_time, 3, &mut [&mut p1, &mut g1, &mut probe(1, &mut w1, None)]);
-        let t2 = best_of_bursts(min_time, 3, &mut [&mut p2, &mut g2, &mut probe(2, &mut w2, Some(&pool2))]);
+        let t1 = best_of_bursts(min_time, 3, &mut [&mut p1, &mut g1, &mut probe(1, &mut w1)]);
+        let t2 = best_of_bursts(min_time, 3, &mut [&mut p2, &mut g2, &mut probe(2, &mut w2)]);
         window.push((w1, w2));
         let (peak1, peak2) = (w1, w2);
         let t = [t1[0], t1[1], t2[0], t2[1]];
@@ -398,7 +379,7 @@ fn main() {
         let mut by_panels = gemm_runner(m, k, n, &a, &pb, plain, Some(&pool2), isa, Split::Panels);
         let mut by_rows = gemm_runner(m, k, n, &a, &pb, plain, Some(&pool2), isa, Split::Rows);
         let mut w2 = 0f64;
-        let t = best_of_bursts(min_time, 3, &mut [&mut by_panels, &mut by_rows, &mut probe(2, &mut w2, Some(&pool2))]);
+        let t = best_of_bursts(min_time, 3, &mut [&mut by_panels, &mut by_rows, &mut probe(2, &mut w2)]);
         let pc = |t: f64| 100.0 * flops / t / 1e9 / w2;
         println!("{:>20} {:>11.1}% {:>11.1}%", format!("{m}×{k}·{k}×{n}"), pc(t[0]), pc(t[1]));
     }

@@ -100,7 +100,8 @@ pub(crate) unsafe fn gemm_raw_with(
     // front — rows in the m blocks a static split would give it, the last ones halving — then
     // takes small pieces from the back of ranges not yet done. A panel split steals only where
     // the GEMM is one k block and one m block: every thread has then packed the same A, which
-    // a thief reuses; with more blocks a thief would re-pack A for what it takes, and a tile's
+    // a thief reuses (or, with a share of at most 12 panels, reads A in place as the owner
+    // does: `gemm_block`); with more blocks a thief would re-pack A for what it takes, and a tile's
     // k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
     // A per 32-row block, keeps the static split; its row splits steal like the others.)
     let one_block = blocking.is_some_and(|b| b.single(d.m));
