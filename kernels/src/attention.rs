@@ -22,7 +22,7 @@
 
 use crate::error::check_len;
 use crate::gemm::{
-    align64, apack_len, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, StealRange, Taker, NR,
+    align64, apack_len, even_ranges, gemm_block, pack_b_raw, packed_b_len, Arch, Epilogue, GemmDesc, Taker, MAX_STEAL_TASKS, NR,
 };
 use crate::math::{exp_shift_sum_raw, scale_raw, Activation};
 use crate::threadpool::{scratch_slots, ThreadPool};
@@ -41,8 +41,6 @@ pub const TWO_PASS_MAX_KEYS: usize = 2048;
 /// (256 measured 10% slower: the P·V GEMM's k gets short.)
 pub const KEY_BLOCK: usize = 512;
 const SLACK: usize = 16;
-/// Threads beyond this many claim heads from one counter (the stealable ranges live on the stack).
-const MAX_STEAL_TASKS: usize = 64;
 
 /// Sizes of one attention head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -633,16 +631,10 @@ pub(crate) unsafe fn attention_batched_raw(
         // 2026-12-07: 1×128 210.4 → 202.3, 209.9 → 201.8, 209.7 → 201.8 µs for the 12 heads;
         // 8×128 1717 → 1708, 1705 → 1654, 1953 → 1930 µs. Each head is computed by one thread
         // as before: the same bits.
-        // (The ranges live on the stack: `run` allocates nothing, `tests/cpu_noalloc.rs`.)
+        // (Beyond MAX_STEAL_TASKS threads, one counter.)
         Some(p) if workers >= p.threads() && p.threads() <= MAX_STEAL_TASKS && (2..=u32::MAX as usize).contains(&items) => {
             let tasks = p.threads().min(items);
-            let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
-                if t < tasks {
-                    StealRange::new(t * items / tasks, (t + 1) * items / tasks)
-                } else {
-                    StealRange::new(0, 0)
-                }
-            });
+            let ranges = even_ranges(items, tasks);
             p.run_indexed(tasks, &|t, w| {
                 let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4, bite: 1 };
                 while let Some((a, b)) = taker.take() {

@@ -192,10 +192,11 @@ pub(crate) unsafe fn gemm_block_with(
     // 378–382 GF/s (pack_a had been 30% of the time), 12544×147·147×64 (the stem) 342–361 →
     // 367–378; on AVX2 81–85% → 87–98% of the peak. Eight panels (n = 128) measured mixed.
     // A thread's share of a panel split (fewer panels than the GEMM has) reads A in place up
-    // to SHARE_DIRECT_PANELS on the one-panel tiles (AVX2, portable): packing, every thread
-    // packs all of A for only its share of the panels, and its loads of the rows the other
-    // thread wrote stall it before its first FMA, where the tiles overlap them. Measured on the AVX2-only Zen 3 of 2026-12-07, 2 threads (`chain_gemms`, the
-    // model's chained GEMMs, passes alternated in one process, best / lower quartile): at 128
+    // to SHARE_DIRECT_PANELS on the one-panel tiles (AVX2, portable): packed, every thread
+    // would pack all of A for only its share of the panels, and the loads of the rows the
+    // other thread wrote would stall it before its first FMA; the tiles overlap them.
+    // Measured on the AVX2-only Zen 3 of 2026-12-07, 2 threads (`chain_gemms`, the model's
+    // chained GEMMs, passes alternated in one process, best / lower quartile): at 128
     // tokens the output projection 1.276 → 1.242 / 1.326 → 1.271 ms for the six layers and
     // FFN-down (four k blocks) 5.096 → 4.919 / 5.218 → 5.058, the 24 GEMMs 15.54 → 15.36 ms;
     // at 16 and 64 tokens out −7% and −9%, down −5% and −3%; 256 tokens and more split by

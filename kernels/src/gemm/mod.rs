@@ -103,7 +103,7 @@ pub use int16::{as_i16, gemm_i16, gemm_i16_scratch_len, gemm_i16_variant, IntTil
 use int_b::read_header;
 pub use int_b::{int_layout_for, pack_b_int_into, packed_b_int_bytes, IntB, IntLayout, INT_B_HEADER};
 pub(crate) use split::{gemm_raw, gemm_raw_with};
-pub(crate) use steal::{StealRange, Taker};
+pub(crate) use steal::{even_ranges, Taker, MAX_STEAL_TASKS};
 pub use split::Split;
 
 /// Whether the byte-quad integer GEMM runs on AMX tiles in this process (benchmarks' labels).

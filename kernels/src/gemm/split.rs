@@ -1,11 +1,8 @@
 //! How a GEMM's work is cut across threads, and the multi-threaded raw entry.
 
 use super::block::{gemm_block_with, Blocking};
-use super::steal::{StealRange, Taker};
+use super::steal::{even_ranges, Taker, MAX_STEAL_TASKS};
 use super::*;
-
-/// Threads beyond this many split statically (the stealable ranges live on the stack).
-const MAX_STEAL_TASKS: usize = 64;
 
 /// How a GEMM's work is cut across threads.
 #[doc(hidden)]
@@ -100,19 +97,13 @@ pub(crate) unsafe fn gemm_raw_with(
     // front — rows in the m blocks a static split would give it, the last ones halving — then
     // takes small pieces from the back of ranges not yet done. A panel split steals only where
     // the GEMM is one k block and one m block: every thread has then packed the same A, which
-    // a thief reuses (or, with a share of at most 12 panels, reads A in place as the owner
-    // does: `gemm_block`); with more blocks a thief would re-pack A for what it takes, and a tile's
-    // k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
+    // a thief reuses (or, a share of at most SHARE_DIRECT_PANELS, reads A in place as the
+    // owner does: `gemm_block`); with more blocks a thief would re-pack A for what it takes,
+    // and a tile's k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
     // A per 32-row block, keeps the static split; its row splits steal like the others.)
     let one_block = blocking.is_some_and(|b| b.single(d.m));
     let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
-    let ranges: [StealRange; MAX_STEAL_TASKS] = std::array::from_fn(|t| {
-        if stealing && t < tasks {
-            StealRange::new(t * units / tasks, (t + 1) * units / tasks)
-        } else {
-            StealRange::new(0, 0)
-        }
-    });
+    let ranges = even_ranges(units, if stealing { tasks } else { 0 });
     let body = |t: usize| {
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         let u0 = t * units / tasks;

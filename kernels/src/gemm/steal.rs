@@ -15,6 +15,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::block::PanelSource;
 
+/// Most tasks that get stealable ranges: [`even_ranges`] keeps them on the stack, so a split
+/// allocates nothing (`Backend::run` allocates nothing: `compiler/tests/cpu_noalloc.rs`).
+/// Beyond, the callers split without stealing.
+pub(crate) const MAX_STEAL_TASKS: usize = 64;
+
+/// `units` cut into `tasks` contiguous ranges of near-equal size (task t owns
+/// `t·units/tasks .. (t+1)·units/tasks`), the slots past `tasks` empty.
+/// `tasks <= MAX_STEAL_TASKS` and `units <= u32::MAX` (callers check both).
+pub(crate) fn even_ranges(units: usize, tasks: usize) -> [StealRange; MAX_STEAL_TASKS] {
+    std::array::from_fn(|t| {
+        if t < tasks {
+            StealRange::new(t * units / tasks, (t + 1) * units / tasks)
+        } else {
+            StealRange::new(0, 0)
+        }
+    })
+}
+
 /// Units (strips or panels) `front..back`, packed as `back << 32 | front` so that one
 /// compare-and-swap moves either end.
 pub(crate) struct StealRange(AtomicU64);
