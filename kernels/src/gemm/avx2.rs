@@ -54,6 +54,34 @@ pub(super) unsafe fn kernel(
     }
 }
 
+/// Asks for the lines of the tile's C rows (16 floats: one or two lines each) in a writable
+/// state before the tile's k loop, so that its store does not wait on them afterwards: when C
+/// is written for the first time in a model (every activation is), its lines are in L3 or
+/// memory, and 12 stores that each miss fill the store queue and hold up the next tile's FMAs.
+/// The tile's k steps (hundreds of cycles) hide the fetch. Measured on the Zen 3 of 2026-12-07
+/// (`chain_gemms`: MiniLM's 24 GEMMs chained as the model runs them; with and without the
+/// prefetch alternated pass by pass in one process), ms for the 24, best / lower quartile:
+/// 1024 tokens on 2 threads 134.6 / 143.9 -> 128.3 / 134.5 (QKV -8%, output projection -8%,
+/// FFN-up -6%, FFN-down -0.4%); 4096 tokens 547 / 576 -> 518 / 532; 1024 tokens on 1 thread
+/// 276.5 / 285.6 -> 249.8 / 258.9; 128 tokens (C stays in L2) 15.93 -> 15.97 (no change). In
+/// a quiet minute the two ran level at 1024 tokens (two processes, 124.5 both): the prefetch
+/// takes out what a busy neighbour's L3 and memory traffic adds to C's first writes.
+/// (The integer tiles do not prefetch C: not measured.)
+///
+/// # Safety
+/// None beyond SSE (any x86-64): a prefetch is a hint and never faults, whatever `c` is.
+#[inline(always)]
+unsafe fn prefetch_c_tile(c: *mut f32, ldc: usize, mr: usize) {
+    for i in 0..mr {
+        let row = c.wrapping_add(i * ldc);
+        // SAFETY: a hint; no memory is accessed.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_ET0>(row.cast());
+            _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(NR - 1).cast());
+        }
+    }
+}
+
 /// R ≤ MR rows × 16 columns; A packed, or (`DIRECT`) read from rows at stride `a_ld`.
 ///
 /// # Safety
@@ -75,6 +103,8 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: bool>(
     pf: (usize, usize),
     post: Option<TilePost>,
 ) {
+    // SAFETY: forwarded (prefetches never fault).
+    unsafe { prefetch_c_tile(c, ldc, mr) };
     let mut acc = [[_mm256_setzero_ps(); NV]; R];
     let mut ap = a;
     let mut bp = b;
@@ -134,17 +164,29 @@ pub(super) unsafe fn store_tile<const R: usize>(
     // alpha = 1 (every GEMM but attention's scaled products): x·1 = x, one multiply fewer per vector.
     let unit = alpha == 1.0;
     if mr == R && nr == NR {
-        // With an epilogue, its linear part (bias, and a residual added after no activation)
-        // is applied in registers as the accumulators are stored, so they never leave
-        // registers; an activation or gate then runs over the stored rows (`activate_row`).
-        let linear = post.is_none_or(|t| t.act == Activation::None && !t.gated());
+        // Scale mode: 0 plain (alpha = 1), 1 scaled, 2 scaled and added to C.
+        let mode = if beta { 2 } else if unit { 0 } else { 1 };
+        // With an activation or a gate, the whole epilogue runs on the accumulators a row at a
+        // time (`act_rows`); otherwise its linear part (bias, residual) is applied in registers
+        // as the accumulators are stored.
+        if let Some(t) = post.filter(|t| t.act != Activation::None || t.gated()) {
+            // SAFETY: forwarded (a full tile).
+            unsafe {
+                match mode {
+                    0 => act_rows::<R, 0>(acc, c, ldc, alpha_v, t),
+                    1 => act_rows::<R, 1>(acc, c, ldc, alpha_v, t),
+                    _ => act_rows::<R, 2>(acc, c, ldc, alpha_v, t),
+                }
+            }
+            return;
+        }
         // What the store applies is settled once per tile, not per vector: bias at column 0 of
         // the tile, the residual's row 0 and its stride (rows below at `+ i·stride`).
         let (bias, res, rs) = match post {
             // SAFETY: operands of the tile's row 0 (the caller's contract).
             Some(t) => {
                 let (b, r) = unsafe { t.operands(0, 0) };
-                (b, if linear { r } else { std::ptr::null() }, t.epi.residual_stride)
+                (b, r, t.epi.residual_stride)
             }
             None => (std::ptr::null(), std::ptr::null(), 0),
         };
@@ -160,20 +202,13 @@ pub(super) unsafe fn store_tile<const R: usize>(
                 }
             };
         }
-        // Scale mode: 0 plain (alpha = 1), 1 scaled, 2 scaled and added to C.
-        match (if beta { 2 } else if unit { 0 } else { 1 }, !bias.is_null()) {
+        match (mode, !bias.is_null()) {
             (0, false) => full!(0, false),
             (0, true) => full!(0, true),
             (1, false) => full!(1, false),
             (1, true) => full!(1, true),
             (_, false) => full!(2, false),
             (_, true) => full!(2, true),
-        }
-        if let (Some(t), false) = (post, linear) {
-            for i in 0..R {
-                // SAFETY: full tile: row i < R.
-                unsafe { activate_row(i, c, ldc, t) };
-            }
         }
     } else {
         // Spill with constant indices (keeps `acc` in registers in the loop above), then
@@ -241,11 +276,7 @@ unsafe fn store_full<const R: usize, const SCALE: u8, const BIAS: bool, const RE
             // SAFETY: row i < R, columns v*8..v*8+8 <= NR (the caller's contract).
             unsafe {
                 let p = c.add(i * ldc + v * 8);
-                let mut r = match SCALE {
-                    0 => x,
-                    1 => _mm256_mul_ps(x, alpha_v),
-                    _ => _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p)),
-                };
+                let mut r = scaled::<SCALE>(x, alpha_v, p);
                 if BIAS {
                     r = _mm256_add_ps(r, _mm256_loadu_ps(bias.add(v * 8)));
                 }
@@ -258,34 +289,54 @@ unsafe fn store_full<const R: usize, const SCALE: u8, const BIAS: bool, const RE
     }
 }
 
-/// The rest of the epilogue on row `i` of a full tile whose linear part (scale and bias) is in
-/// C: `act(·) + residual`, or `· act(residual)` when gated — [`post8`] with the bias already
-/// added, the row's NV vectors side by side so that their activations interleave. Per element
-/// the operations and order of the one-pass form: the same bits.
-///
-/// Why two passes: one pass (the scaled accumulators through `post8`, a row at a time) kept the
-/// GELU's table rows in registers but needed the accumulators in memory — zeroed on entry,
-/// spilled after the k loop, reloaded per row — and every tile with a bias alone paid for
-/// it: `perf` on the Xeon of 2026-12-06, AVX2 tile, 1024×384·384×1536 + bias, 10% of the
-/// epilogue instance's samples outside its k loop against 3% in the plain one. (A row at a time
-/// rather than one vector: measured on a Zen 4, 1024×384·384×1536 + bias + GELU, 83–84% of
-/// the FMA peak one vector at a time, 85–87% a row at a time.)
+/// One accumulator vector as the store takes it: `SCALE` 0 as it is, 1 `alpha·acc`, 2
+/// `alpha·acc + C` (C's 8 floats at `p`).
 ///
 /// # Safety
-/// AVX2 present; `c` and the epilogue operands as in [`store_tile`] for a full tile, i < MR.
+/// AVX2+FMA present; `p` readable for 8 floats when `SCALE` is 2.
 #[inline(always)]
-unsafe fn activate_row(i: usize, c: *mut f32, ldc: usize, t: TilePost) {
-    // SAFETY: the caller's contract; columns w*8..w*8+8 <= NR of row i.
+unsafe fn scaled<const SCALE: u8>(x: __m256, alpha_v: __m256, p: *const f32) -> __m256 {
+    // SAFETY: the caller's contract.
     unsafe {
-        let mut v = [_mm256_setzero_ps(); NV];
-        let mut ops = [(std::ptr::null(), std::ptr::null()); NV];
-        for w in 0..NV {
-            v[w] = _mm256_loadu_ps(c.add(i * ldc + w * 8));
-            ops[w] = (std::ptr::null(), t.operands(i, w * 8).1);
+        match SCALE {
+            0 => x,
+            1 => _mm256_mul_ps(x, alpha_v),
+            _ => _mm256_fmadd_ps(x, alpha_v, _mm256_loadu_ps(p)),
         }
-        let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act, t.gated());
-        for (w, &x) in v.iter().enumerate() {
-            _mm256_storeu_ps(c.add(i * ldc + w * 8), x);
+    }
+}
+
+/// A full tile's store with an activation or a gate: each row's NV accumulators scaled as
+/// [`store_full`] scales them, then [`post8`] (bias, activation, residual or gate) side by side,
+/// then stored once. Per element the operations and order of the separate pass: the same bits.
+///
+/// Until 2026-12-07 the tile was stored with its linear part and then reloaded a row at a time
+/// for the activation (one pass had been measured slower on the Xeon of 2026-12-06: the
+/// accumulators went through memory for every tile with a bias, which this path leaves to
+/// `store_full`). Reloading cost a cheap activation most of its time: on the Zen 3 of
+/// 2026-12-07, 1 thread, 128×384·384×1536 + bias (B packed, C warm), ReLU cost 2.4% over no
+/// activation as two passes and nothing this way; with the GELU (erf) 84.5 -> 86.1 GFLOP/s; in
+/// MiniLM's chained GEMMs on 2 threads (with [`prefetch_c_tile`]) FFN-up + GELU -1.4% (best
+/// pass) at 128 tokens and -1 to -2% at 1024.
+///
+/// # Safety
+/// AVX2+FMA present; `c` writable (and readable when `SCALE` is 2) for R rows of NR floats at
+/// stride ldc; the epilogue operands as in [`store_tile`] for a full tile.
+#[inline(always)]
+unsafe fn act_rows<const R: usize, const SCALE: u8>(acc: &[[__m256; NV]; R], c: *mut f32, ldc: usize, alpha_v: __m256, t: TilePost) {
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: the caller's contract; columns w*8..w*8+8 <= NR of row i < R.
+        unsafe {
+            let mut v = [_mm256_setzero_ps(); NV];
+            let mut ops = [(std::ptr::null(), std::ptr::null()); NV];
+            for w in 0..NV {
+                v[w] = scaled::<SCALE>(row[w], alpha_v, c.add(i * ldc + w * 8));
+                ops[w] = t.operands(i, w * 8);
+            }
+            let v = post8::<false, NV>(v, _mm256_set1_epi32(-1), ops, t.act, t.gated());
+            for (w, &x) in v.iter().enumerate() {
+                _mm256_storeu_ps(c.add(i * ldc + w * 8), x);
+            }
         }
     }
 }
