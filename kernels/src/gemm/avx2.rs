@@ -54,34 +54,6 @@ pub(super) unsafe fn kernel(
     }
 }
 
-/// Asks for the lines of the tile's C rows (16 floats: one or two lines each) in a writable
-/// state before the tile's k loop, so that its store does not wait on them afterwards: when C
-/// is written for the first time in a model (every activation is), its lines are in L3 or
-/// memory, and 12 stores that each miss fill the store queue and hold up the next tile's FMAs.
-/// The tile's k steps (hundreds of cycles) hide the fetch. Measured on the Zen 3 of 2026-12-07
-/// (`chain_gemms`: MiniLM's 24 GEMMs chained as the model runs them; with and without the
-/// prefetch alternated pass by pass in one process), ms for the 24, best / lower quartile:
-/// 1024 tokens on 2 threads 134.6 / 143.9 -> 128.3 / 134.5 (QKV -8%, output projection -8%,
-/// FFN-up -6%, FFN-down -0.4%); 4096 tokens 547 / 576 -> 518 / 532; 1024 tokens on 1 thread
-/// 276.5 / 285.6 -> 249.8 / 258.9; 128 tokens (C stays in L2) 15.93 -> 15.97 (no change). In
-/// a quiet minute the two ran level at 1024 tokens (two processes, 124.5 both): the prefetch
-/// takes out what a busy neighbour's L3 and memory traffic adds to C's first writes.
-/// (The integer tiles do not prefetch C: not measured.)
-///
-/// # Safety
-/// None beyond SSE (any x86-64): a prefetch is a hint and never faults, whatever `c` is.
-#[inline(always)]
-unsafe fn prefetch_c_tile(c: *mut f32, ldc: usize, mr: usize) {
-    for i in 0..mr {
-        let row = c.wrapping_add(i * ldc);
-        // SAFETY: a hint; no memory is accessed.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_ET0>(row.cast());
-            _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(NR - 1).cast());
-        }
-    }
-}
-
 /// R ≤ MR rows × 16 columns; A packed, or (`DIRECT`) read from rows at stride `a_ld`.
 ///
 /// # Safety
@@ -103,8 +75,6 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: bool>(
     pf: (usize, usize),
     post: Option<TilePost>,
 ) {
-    // SAFETY: forwarded (prefetches never fault).
-    unsafe { prefetch_c_tile(c, ldc, mr) };
     let mut acc = [[_mm256_setzero_ps(); NV]; R];
     let mut ap = a;
     let mut bp = b;
@@ -316,8 +286,9 @@ unsafe fn scaled<const SCALE: u8>(x: __m256, alpha_v: __m256, p: *const f32) -> 
 /// `store_full`). Reloading cost a cheap activation most of its time: on the Zen 3 of
 /// 2026-12-07, 1 thread, 128×384·384×1536 + bias (B packed, C warm), ReLU cost 2.4% over no
 /// activation as two passes and nothing this way; with the GELU (erf) 84.5 -> 86.1 GFLOP/s; in
-/// MiniLM's chained GEMMs on 2 threads (with [`prefetch_c_tile`]) FFN-up + GELU -1.4% (best
-/// pass) at 128 tokens and -1 to -2% at 1024.
+/// MiniLM's chained GEMMs on 2 threads (`chain_gemms`, alternated in one process, C prefetched
+/// in both: see the README's not-kept list) FFN-up + GELU -1.4% (best pass) at 128 tokens and
+/// -1 to -2% at 1024.
 ///
 /// # Safety
 /// AVX2+FMA present; `c` writable (and readable when `SCALE` is 2) for R rows of NR floats at
