@@ -285,7 +285,7 @@ unsafe fn scaled<const SCALE: u8>(x: __m256, alpha_v: __m256, p: *const f32) -> 
 /// accumulators went through memory for every tile with a bias, which this path leaves to
 /// `store_full`). Reloading cost a cheap activation most of its time: on the Zen 3 of
 /// 2026-12-07, 1 thread, 128×384·384×1536 + bias (B packed, C warm), ReLU cost 2.4% over no
-/// activation as two passes and nothing this way; with the GELU (erf) 84.5 -> 86.1 GFLOP/s; in
+/// activation as two passes and 0.3% this way; with the GELU (erf) 84.5 -> 86.1 GFLOP/s; in
 /// MiniLM's chained GEMMs on 2 threads (`chain_gemms`, alternated in one process, C prefetched
 /// in both: see the README's not-kept list) FFN-up + GELU -1.4% (best pass) at 128 tokens and
 /// -1 to -2% at 1024.
