@@ -7,7 +7,9 @@ front end builds), checks its embeddings against tests/data/minilm/golden.json, 
 bucket times onnxruntime (intra-op threads = --threads, all graph optimizations) and
 `kiln bench --backend cpu --threads N`, alternating bucket by bucket for --rounds rounds, and
 prints per bucket the best median of each side and the ratio kiln/ORT (best-of-rounds keeps
-the comparison meaningful on a machine shared with other work).
+the comparison meaningful on a machine shared with other work), and the median over the rounds
+of each round's own ratio (the two sides of a round run seconds apart; the best medians may come
+from different minutes of a shared host).
 
 Usage: python3 scripts/ort_compare.py [--model DIR | --onnx FILE] [--buckets 1x16,1x128,...]
                                       [--threads 2] [--runs 30] [--rounds 3] [--kiln target/release/kiln]
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import struct
 import subprocess
 import sys
@@ -305,15 +308,18 @@ def main():
         source = ["--model", args.model]
         err = check_golden(sess)
         print(f"onnxruntime {ort.__version__}, {args.threads} thread(s); ORT model vs golden embeddings: max abs diff {err}")
-    print(f"{'bucket':>8} {'kiln ms':>10} {'ORT ms':>10} {'kiln/ORT':>9} {'kiln lowering ms':>17}   (best median of {args.rounds} alternating rounds)")
+    print(f"{'bucket':>8} {'kiln ms':>10} {'ORT ms':>10} {'kiln/ORT':>9} {'paired':>7} {'kiln lowering ms':>17}   (best median of {args.rounds} alternating rounds; paired: median of the rounds' own ratios)")
     for b in args.buckets.split(","):
         batch, seq = (int(x) for x in b.split("x"))
         best_ort, best_kiln, low = float("inf"), float("inf"), float("nan")
+        ratios = []
         for _ in range(max(1, args.rounds)):
-            best_ort = min(best_ort, time_ort(sess, batch, seq, args.runs))
+            o = time_ort(sess, batch, seq, args.runs)
             k, low = time_kiln(args.kiln, source, b, args.threads, args.runs, preload)
-            best_kiln = min(best_kiln, k)
-        print(f"{b:>8} {best_kiln:10.3f} {best_ort:10.3f} {best_kiln / best_ort:9.3f} {low:17.1f}", flush=True)
+            best_ort, best_kiln = min(best_ort, o), min(best_kiln, k)
+            ratios.append(k / o)
+        paired = statistics.median(ratios)
+        print(f"{b:>8} {best_kiln:10.3f} {best_ort:10.3f} {best_kiln / best_ort:9.3f} {paired:7.3f} {low:17.1f}", flush=True)
 
 if __name__ == "__main__":
     main()
