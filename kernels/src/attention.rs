@@ -636,7 +636,7 @@ pub(crate) unsafe fn attention_batched_raw(
             let tasks = p.threads().min(items);
             let ranges = even_ranges(items, tasks);
             p.run_indexed(tasks, &|t, w| {
-                let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4, bite: 1 };
+                let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4, bite: 1, least: 1 };
                 while let Some((a, b)) = taker.take() {
                     for i in a..b {
                         body(i, w);

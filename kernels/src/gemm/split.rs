@@ -122,7 +122,7 @@ pub(crate) unsafe fn gemm_raw_with(
         let own = u1 - u0;
         if !by_rows {
             // Panels: pairs (the AVX-512 tile spans two), the owner's halving from all of its range.
-            let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 2 };
+            let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 2, least: 2 };
             // SAFETY: one k block and one m block (`one_block`), so the panels `taker` gives are
             // whole tile columns, each taken once (compare-and-swap) and run by no other task;
             // task t owns scratch region t (t < tasks <= fit); operands as this function's contract.
@@ -131,9 +131,15 @@ pub(crate) unsafe fn gemm_raw_with(
         }
         // Rows: the owner's pieces are the m blocks `gemm_block` would cut its whole range into
         // (whole tiles, so a multiple of MR rows); a thief's a quarter of that, so the tail
-        // evens out without many short blocks that each stream all of B.
+        // evens out without many short blocks that each stream all of B. Both halve what is left
+        // towards the end, down to one strip: the last pieces of a 1024-row FFN GEMM were 6
+        // strips (0.5 ms on one thread), and a thread finishing first waited up to that long.
+        // Threads waiting at the joins (`kiln bench --profile`), MiniLM 8×128 on 2 threads of
+        // the Zen 3 of 2026-12-07 (with the norms' finer split, `tasks_for`), old and new in
+        // alternate processes: 2.6 and 4.3 -> 1.9 and 2.1 ms per run; 1×512 2.3 -> 1.8.
         let piece = Blocking::new(d, own * MR, arch).mc_step / MR;
-        let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite: piece.div_ceil(4).next_multiple_of(2) };
+        let bite = piece.div_ceil(4).next_multiple_of(2);
+        let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite, least: 1 };
         while let Some((s0, s1)) = taker.take() {
             // SAFETY: each strip range is taken once (compare-and-swap), so the rows of C written
             // here are written by no other task; task t owns scratch region t (t < tasks <= fit);

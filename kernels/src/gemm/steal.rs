@@ -55,10 +55,12 @@ impl StealRange {
         })
     }
 
-    /// Takes up to `n` units from the back (a thief): the taken range, or None when empty.
-    pub(super) fn take_back(&self, n: usize) -> Option<(usize, usize)> {
+    /// Takes units from the back (a thief): `n`, or half of what is left once that is less
+    /// than twice `n`, but no fewer than `least`: the taken range, or None when empty.
+    pub(super) fn take_back(&self, n: usize, least: usize) -> Option<(usize, usize)> {
         self.take(|f, b| {
-            let s = b.saturating_sub(n.max(1)).max(f);
+            let n = n.min((b - f).div_ceil(2).max(least)).max(1);
+            let s = b.saturating_sub(n).max(f);
             ((f, s), (s, b))
         })
     }
@@ -81,22 +83,23 @@ impl StealRange {
     }
 }
 
-/// One thread's way through the ranges of a split: its own from the front, `most` at a time
-/// (halving towards the end, no fewer than `bite`), then the others' from their backs, `bite` at
-/// a time.
+/// One thread's way through the ranges of a split: its own from the front, `most` at a time,
+/// then the others' from their backs, `bite` at a time; both halving what is left towards the
+/// end, to no fewer than `least`.
 pub(crate) struct Taker<'a> {
     pub(crate) own: usize,
     pub(crate) ranges: &'a [StealRange],
     pub(crate) most: usize,
     pub(crate) bite: usize,
+    pub(crate) least: usize,
 }
 
 impl Taker<'_> {
     /// The next range this thread runs, or None when every range is empty.
     pub(crate) fn take(&mut self) -> Option<(usize, usize)> {
         let n = self.ranges.len();
-        self.ranges[self.own].take_front(self.most, self.bite).or_else(|| {
-            (1..n).find_map(|v| self.ranges[(self.own + v) % n].take_back(self.bite))
+        self.ranges[self.own].take_front(self.most, self.least).or_else(|| {
+            (1..n).find_map(|v| self.ranges[(self.own + v) % n].take_back(self.bite, self.least))
         })
     }
 }
@@ -120,10 +123,16 @@ mod tests {
         assert_eq!(r.take_front(5, 2), Some((3, 8)));
         assert_eq!(r.take_front(100, 2), Some((8, 14)), "half of the 12 left");
         assert_eq!(r.take_front(100, 4), Some((14, 18)), "no fewer than 4");
-        assert_eq!(r.take_back(1), Some((19, 20)));
-        assert_eq!(r.take_back(100), Some((18, 19)));
+        assert_eq!(r.take_back(1, 1), Some((19, 20)));
+        assert_eq!(r.take_back(100, 1), Some((18, 19)));
         assert_eq!(r.take_front(1, 1), None);
-        assert_eq!(r.take_back(1), None);
+        assert_eq!(r.take_back(1, 1), None);
+        let r = StealRange::new(0, 40);
+        assert_eq!(r.take_back(16, 2), Some((24, 40)), "the bite while 32 or more are left");
+        assert_eq!(r.take_back(16, 2), Some((12, 24)), "half of the 24 left");
+        assert_eq!(r.take_back(16, 2), Some((6, 12)));
+        assert_eq!(r.take_back(16, 4), Some((2, 6)), "no fewer than 4");
+        assert_eq!(r.take_back(16, 4), Some((0, 2)), "nor more than is left");
     }
 
     #[test]
@@ -134,7 +143,7 @@ mod tests {
             for t in 0..4 {
                 let (r, seen) = (&r, &seen);
                 s.spawn(move || loop {
-                    let got = if t == 0 { r.take_front(7, 2) } else { r.take_back(3) };
+                    let got = if t == 0 { r.take_front(7, 2) } else { r.take_back(3, 1) };
                     let Some((a, b)) = got else { break };
                     for x in &seen[a..b] {
                         x.fetch_add(1, Ordering::Relaxed);
