@@ -43,6 +43,19 @@ struct Shared {
     cv: Condvar,
     shutdown: AtomicBool,
     spin: Duration,
+    /// Idle accounting ([`ThreadPool::watch_idle`]): on or off, the pool's time origin, the
+    /// earliest moment a worker ran out of tasks in the current job (ns after `origin`;
+    /// `u64::MAX` for none yet) and the idle time summed so far.
+    watch: AtomicBool,
+    origin: Instant,
+    first_done: AtomicU64,
+    idle_ns: AtomicU64,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
 }
 
 // SAFETY: `job` is written only by the thread holding `run_lock` while no worker is registered
@@ -92,6 +105,10 @@ impl ThreadPool {
             cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
             spin,
+            watch: AtomicBool::new(false),
+            origin: Instant::now(),
+            first_done: AtomicU64::new(u64::MAX),
+            idle_ns: AtomicU64::new(0),
         });
         let mut workers = Vec::new();
         for w in 1..threads {
@@ -117,6 +134,23 @@ impl ThreadPool {
     /// Threads a job may run on, the caller included.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Starts (or stops) counting how long threads wait at the end of each job ([`idle_ns`]).
+    /// Off by default: it reads the clock twice per job and thread.
+    ///
+    /// [`idle_ns`]: Self::idle_ns
+    pub fn watch_idle(&self, on: bool) {
+        self.shared.watch.store(on, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds, summed over the jobs run while [`watch_idle`](Self::watch_idle) was on, from
+    /// the moment the first of the threads taking part in a job ran out of tasks to the job's
+    /// end: with two threads, the time one of them waited for the other at the join. It is how
+    /// well a split balances (a core slowed by another process, a last piece too big); jobs run
+    /// inline on one thread count nothing.
+    pub fn idle_ns(&self) -> u64 {
+        self.shared.idle_ns.load(Ordering::Relaxed)
     }
 
     /// Runs `f(task)` for every `task in 0..n_tasks`, spread over the pool; returns when all are done.
@@ -182,6 +216,9 @@ impl ThreadPool {
         }
         sh.next.store(0, Ordering::Relaxed);
         sh.panicked.store(false, Ordering::Relaxed);
+        let watch = sh.watch.load(Ordering::Relaxed);
+        // (Published to the workers with the epoch below.)
+        sh.first_done.store(u64::MAX, Ordering::Relaxed);
         let epoch = (sh.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
         sh.state.store(epoch << 32, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
@@ -199,12 +236,19 @@ impl ThreadPool {
                 caller_panic.get_or_insert(p);
             }
         }
+        let caller_done = if watch { sh.now_ns() } else { 0 };
         // Every task index is claimed now, by us (finished) or by a registered worker. Close the
         // epoch and wait for the registered workers: when none is left, all tasks are done.
         sh.state.fetch_or(CLOSED, Ordering::SeqCst);
         let mut spins = 0u32;
         while sh.state.load(Ordering::Acquire) & COUNT_MASK != 0 {
             backoff(&mut spins);
+        }
+        if watch {
+            // The workers' `first_done` came before their unregistering (Release), which the
+            // load above acquired.
+            let first = sh.first_done.load(Ordering::Relaxed).min(caller_done);
+            sh.idle_ns.fetch_add(sh.now_ns().saturating_sub(first), Ordering::Relaxed);
         }
         // SAFETY: closed and no worker registered: nobody reads the slot; drop the dangling pointer.
         unsafe {
@@ -304,6 +348,9 @@ fn worker_loop(sh: &Shared, w: usize) {
                     sh.panicked.store(true, Ordering::Relaxed);
                 }
             }
+        }
+        if sh.watch.load(Ordering::Relaxed) {
+            sh.first_done.fetch_min(sh.now_ns(), Ordering::Relaxed);
         }
         sh.state.fetch_sub(1, Ordering::Release);
     }

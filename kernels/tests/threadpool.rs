@@ -160,3 +160,33 @@ fn run_slots_keeps_each_item_once_and_each_slot_to_one_task() {
         }
     }
 }
+
+#[test]
+fn idle_time_is_the_wait_at_the_join_while_watched() {
+    let pool = ThreadPool::new(2);
+    // Two tasks that start together (each waits for the other), one sleeping 30 ms: the other
+    // thread waits about that long at the join.
+    let job = |pool: &ThreadPool| {
+        let started = AtomicUsize::new(0);
+        pool.run(2, &|t| {
+            started.fetch_add(1, Ordering::SeqCst);
+            let t0 = std::time::Instant::now();
+            while started.load(Ordering::SeqCst) < 2 {
+                assert!(t0.elapsed() < Duration::from_secs(5), "the second thread never took a task");
+                std::hint::spin_loop();
+            }
+            if t == 0 {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        });
+    };
+    job(&pool);
+    assert_eq!(pool.idle_ns(), 0, "not counted unless watched");
+    pool.watch_idle(true);
+    job(&pool);
+    let idle = pool.idle_ns();
+    assert!((25_000_000..2_000_000_000).contains(&idle), "idle {idle} ns");
+    pool.watch_idle(false);
+    job(&pool);
+    assert_eq!(pool.idle_ns(), idle, "not counted once unwatched");
+}

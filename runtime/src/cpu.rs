@@ -102,6 +102,11 @@ pub type KernelFn = unsafe extern "sysv64" fn(*mut u8, *const *const u8, *const 
 /// Splits `n` tasks over threads and calls `f(task)` for each; given by the backend.
 pub trait Parallel {
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync));
+    /// Nanoseconds threads have waited at the ends of jobs so far, where the runner counts them
+    /// (the pool's `watch_idle`); 0 for one that does not.
+    fn idle_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// Runs every task on the calling thread.
@@ -117,6 +122,18 @@ impl Parallel for kiln_kernels::threadpool::ThreadPool {
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         kiln_kernels::threadpool::ThreadPool::run(self, n, f)
     }
+    fn idle_ns(&self) -> u64 {
+        kiln_kernels::threadpool::ThreadPool::idle_ns(self)
+    }
+}
+
+/// What [`CpuExecutable::run_timed`] adds up per step, in seconds: its wall time, and the time
+/// threads waited at the ends of its jobs (the runner's [`Parallel::idle_ns`]; a GEMM's or
+/// attention's own jobs included, as they share the pool).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTime {
+    pub wall: f64,
+    pub idle: f64,
 }
 
 /// A verified, mapped CPU plan with its arena. All memory is allocated by `load`.
@@ -184,8 +201,8 @@ impl CpuExecutable {
         unsafe { self.run_timed(weights, table, inputs, outputs, pool, None) }
     }
 
-    /// [`CpuExecutable::run`] that also adds each step's wall time (seconds) to `times`
-    /// (one entry per step) when given.
+    /// [`CpuExecutable::run`] that also adds each step's times to `times` (one entry per step)
+    /// when given.
     ///
     /// # Safety
     /// As for [`CpuExecutable::run`].
@@ -196,7 +213,7 @@ impl CpuExecutable {
         inputs: &[HostTensor],
         outputs: &mut [HostTensor],
         pool: &dyn Parallel,
-        mut times: Option<&mut [f64]>,
+        mut times: Option<&mut [StepTime]>,
     ) -> Result<()> {
         if times.as_ref().is_some_and(|t| t.len() != self.image.steps.len()) {
             return Err(Error::Backend("one time slot per step is needed".into()));
@@ -230,7 +247,7 @@ impl CpuExecutable {
         let w = SendPtr(weights.as_ptr());
         let tab = SendPtr(table);
         for (si, step) in self.image.steps.iter().enumerate() {
-            let t0 = times.as_ref().map(|_| std::time::Instant::now());
+            let t0 = times.as_ref().map(|_| (std::time::Instant::now(), pool.idle_ns()));
             // SAFETY: `verify` checked the entry lies in the mapped code; the code follows the
             // kernel ABI by construction (it is what the compiler emitted for this image).
             let f: KernelFn = unsafe { std::mem::transmute(self.code.as_ptr().add(step.entry as usize)) };
@@ -248,8 +265,9 @@ impl CpuExecutable {
                 });
                 first.into_inner()
             };
-            if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
-                t[si] += t0.elapsed().as_secs_f64();
+            if let (Some(t), Some((t0, idle0))) = (times.as_deref_mut(), t0) {
+                t[si].wall += t0.elapsed().as_secs_f64();
+                t[si].idle += pool.idle_ns().saturating_sub(idle0) as f64 * 1e-9;
             }
             if st != status::OK {
                 return Err(Error::Backend(format!(

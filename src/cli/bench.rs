@@ -148,12 +148,14 @@ pub(crate) fn bench_cpu_bucket(
         let batch = bench_batch(graph, inputs, b)?;
         let mut out = kiln_runtime::Outputs::for_bucket(graph, b);
         let mut p = plan.profile(&batch.tensors, &mut out.tensors, runs)?;
-        let total: f64 = p.iter().map(|x| x.1).sum();
+        let total: f64 = p.iter().map(|x| x.1.wall).sum();
+        let idle: f64 = p.iter().map(|x| x.1.idle).sum();
         // The share of each kind of work: the plan's steps are the program's kernels, by name.
         let program = pipeline::run_pipeline(graph, b)?.program;
         let kind_of: std::collections::HashMap<&str, &str> = program.kernels.iter().map(|k| (k.name.as_str(), k.op.kind_name())).collect();
         let mut shares: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
-        for (name, ms) in &p {
+        for (name, t) in &p {
+            let ms = &t.wall;
             let group = match kind_of.get(name.as_str()).copied().unwrap_or("other") {
                 "gemm" => "gemm",
                 "attention" => "attention",
@@ -164,9 +166,16 @@ pub(crate) fn bench_cpu_bucket(
         }
         let line: Vec<String> = shares.iter().map(|(g, ms)| format!("{g} {:.1}%", 100.0 * ms / total)).collect();
         println!("bucket {b}: time by kind: {} ({total:.3} ms of kernels)", line.join(", "));
-        p.sort_by(|a, b| b.1.total_cmp(&a.1));
-        for (name, ms) in p.iter() {
-            println!("  {ms:9.3} ms {:5.1}%  {name}", 100.0 * ms / total);
+        if be.threads() > 1 {
+            // With 2 threads, idle / total is the share of the second thread's time lost at joins.
+            println!(
+                "bucket {b}: threads waiting at the joins of split kernels: {idle:.3} ms per run ({:.1}% of the kernels' time)",
+                100.0 * idle / total
+            );
+        }
+        p.sort_by(|a, b| b.1.wall.total_cmp(&a.1.wall));
+        for (name, t) in p.iter() {
+            println!("  {:9.3} ms {:5.1}%  {:7.3} ms waiting  {name}", t.wall, 100.0 * t.wall / total, t.idle);
         }
     }
     Ok(())

@@ -8,7 +8,7 @@ use kiln_kernels::table::KernelTable;
 use kiln_kernels::threadpool::ThreadPool;
 
 use super::weights::{CpuWeights, SlotPointers};
-use super::{CpuExecutable, CpuPlanImage, Inline, Parallel};
+use super::{CpuExecutable, CpuPlanImage, Inline, Parallel, StepTime};
 use crate::artifact::{Artifact, PlanPayload, Target};
 use crate::backend::{check_weights, Backend, Batch, Caps, Outputs};
 use crate::dtype::{DType, HostTensor};
@@ -134,16 +134,27 @@ impl CpuPlan {
         unsafe { self.exe.run(&self.weights.ptrs, table, inputs, outputs, pool) }
     }
 
-    /// Runs the plan `runs` times and returns each step's name and mean time in milliseconds.
-    pub fn profile(&mut self, inputs: &[HostTensor], outputs: &mut [HostTensor], runs: usize) -> Result<Vec<(String, f64)>> {
-        let mut t = vec![0f64; self.exe.image().steps.len()];
+    /// Runs the plan `runs` times and returns each step's name and mean times in milliseconds
+    /// (wall, and threads waiting at the joins: see [`StepTime`]).
+    pub fn profile(&mut self, inputs: &[HostTensor], outputs: &mut [HostTensor], runs: usize) -> Result<Vec<(String, StepTime)>> {
+        let mut t = vec![StepTime::default(); self.exe.image().steps.len()];
         let table = (&*self.ctx.table as *const KernelTable).cast::<u8>();
+        // (The pool is the context's, shared by its plans: jobs another thread runs on it
+        // meanwhile are counted too.)
+        self.ctx.pool.watch_idle(true);
+        let mut result = Ok(());
         for _ in 0..runs.max(1) {
             let pool = self.ctx.parallel();
             // SAFETY: as in `run`.
-            unsafe { self.exe.run_timed(&self.weights.ptrs, table, inputs, outputs, pool, Some(&mut t))? };
+            result = unsafe { self.exe.run_timed(&self.weights.ptrs, table, inputs, outputs, pool, Some(&mut t)) };
+            if result.is_err() {
+                break;
+            }
         }
-        Ok(self.exe.image().steps.iter().zip(t).map(|(s, x)| (s.name.clone(), x * 1e3 / runs.max(1) as f64)).collect())
+        self.ctx.pool.watch_idle(false);
+        result?;
+        let per_run = 1e3 / runs.max(1) as f64;
+        Ok(self.exe.image().steps.iter().zip(t).map(|(s, x)| (s.name.clone(), StepTime { wall: x.wall * per_run, idle: x.idle * per_run })).collect())
     }
 }
 
