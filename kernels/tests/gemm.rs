@@ -561,9 +561,10 @@ fn work_a_busy_thread_left_is_taken_from_the_back() {
     // Inside a pool task the pool is busy, so a nested GEMM's tasks run one after another on that
     // thread: task 0 runs its own rows (or panels) from the front, then takes each other task's
     // from the back, a piece at a time (`gemm/steal.rs`), before those tasks start. The result
-    // must be the one-thread one, bit for bit, epilogue included. Panels are taken only in a
-    // GEMM of one k block and one m block (the first two panel shapes); the others' tasks keep
-    // their ranges.
+    // must be the one-thread one, bit for bit, epilogue included. Panels are taken in a GEMM of
+    // one k block and one m block (the first two panel shapes) and, on the one-panel tiles,
+    // where the shares read A in place (the last two: k in several blocks, pieces of a panel's
+    // rows); the others' tasks keep their ranges.
     let pool = ThreadPool::new(3);
     let isa = kiln_kernels::detect_isa();
     let cases = [
@@ -574,6 +575,7 @@ fn work_a_busy_thread_left_is_taken_from_the_back() {
         (130, 1000, 384, Split::Panels),
         (200, 300, 50, Split::Panels),
         (64, 300, 1000, Split::Panels),
+        (61, 200, 1000, Split::Panels),
     ];
     for (i, &(m, n, k, split)) in cases.iter().enumerate() {
         let cs = Case::new(m, n, k, i % 2 == 1, 1, 90 + i as u64);

@@ -84,6 +84,14 @@ impl Blocking {
     }
 }
 
+/// Whether [`gemm_block`] over `panels` B panels of `d` (fewer than all: a thread's share)
+/// reads A's rows in place rather than packing them (why and when: in `gemm_block_with`).
+pub(super) fn reads_a_in_place(d: &GemmDesc, panels: usize, arch: &Arch) -> bool {
+    let tiles_per_strip = if arch.wide.is_some() { panels.div_ceil(2) } else { panels };
+    let share = arch.wide.is_none() && panels < d.n.div_ceil(NR) && panels <= SHARE_DIRECT_PANELS;
+    arch.slot_cols == 1 && d.lda != PACKED && (panels <= DIRECT_PANELS || share || (d.k <= 64 && tiles_per_strip <= 16))
+}
+
 /// Runs rows `r0..r1` × panels `p0..p1` of `d` on the calling thread.
 ///
 /// # Safety
@@ -205,9 +213,7 @@ pub(crate) unsafe fn gemm_block_with(
     // in place measured 0.3–0.8% slower, so it keeps packing; the AVX-512 tile (two panels
     // wide, twelve rows of broadcasts) was not measurable on this machine and keeps the rule
     // above.
-    let tiles_per_strip = if arch.wide.is_some() { (p1 - p0).div_ceil(2) } else { p1 - p0 };
-    let share = arch.wide.is_none() && p1 - p0 < d.n.div_ceil(NR) && p1 - p0 <= SHARE_DIRECT_PANELS;
-    let direct = arch.slot_cols == 1 && d.lda != PACKED && (p1 - p0 <= DIRECT_PANELS || share || (d.k <= 64 && tiles_per_strip <= 16));
+    let direct = reads_a_in_place(d, p1 - p0, arch);
     let mut kc0 = 0;
     while kc0 < k {
         let kc = kc_step.min(k - kc0);

@@ -1,6 +1,6 @@
 //! How a GEMM's work is cut across threads, and the multi-threaded raw entry.
 
-use super::block::{gemm_block_with, Blocking};
+use super::block::{gemm_block_with, reads_a_in_place, Blocking};
 use super::steal::{even_ranges, Taker, MAX_STEAL_TASKS};
 use super::*;
 
@@ -15,6 +15,9 @@ pub enum Split {
     /// Contiguous ranges of A rows (each thread streams all of B).
     Rows,
 }
+
+/// Row chunks per panel of a stealing panel split that reads A in place (`in_place_pieces`).
+const CHUNKS: usize = 4;
 
 /// Raw multi-threaded GEMM.
 ///
@@ -102,8 +105,27 @@ pub(crate) unsafe fn gemm_raw_with(
     // and a tile's k blocks must stay on one thread. (A panel split of the integer AMX block, which packs
     // A per 32-row block, keeps the static split; its row splits steal like the others.)
     let one_block = blocking.is_some_and(|b| b.single(d.m));
-    let stealing = tasks > 1 && tasks <= MAX_STEAL_TASKS && units <= u32::MAX as usize && (by_rows || (one_block && arch.block.is_none()));
-    let ranges = even_ranges(units, if stealing { tasks } else { 0 });
+    // A panel split of several blocks whose shares read A in place (FFN-down at 128 tokens on
+    // AVX2: k = 1536 in four blocks, 12 panels a thread) steals too, in pieces of a panel and
+    // [`CHUNKS`]-th of the rows (in panel order, so a thread runs each panel's row chunks one
+    // after another with the panel in L1) that one `gemm_block` call runs through all their k
+    // blocks: nothing is packed, and each tile's k blocks stay on one thread, in order. With
+    // the static split such a GEMM left a thread waiting 0.05–0.13 ms of its 0.9 ms (MiniLM
+    // 1×128, 2 threads, the Zen 3 of 2026-12-07); with whole panels as the pieces (75 µs each
+    // on one thread) 0.02–0.08; in a busy minute, old and new in alternate processes,
+    // 0.14–0.30 -> 0.02–0.14 ms, and all joins of the model 1.5–2.4 -> 0.9–1.2 ms per run.
+    // One-panel tiles only (AVX2, portable): the AVX-512 tile spans two panels, and splitting
+    // its pairs was not measurable (nor its bits checkable) on this machine.
+    let in_place_pieces =
+        !by_rows && !one_block && d.k > 0 && arch.block.is_none() && arch.wide.is_none() && reads_a_in_place(d, units.div_ceil(tasks), arch);
+    let chunk_strips = m_strips.div_ceil(CHUNKS);
+    let chunks = m_strips.div_ceil(chunk_strips.max(1));
+    let steal_units = if in_place_pieces { n_panels * chunks } else { units };
+    let stealing = tasks > 1
+        && tasks <= MAX_STEAL_TASKS
+        && steal_units <= u32::MAX as usize
+        && (by_rows || (one_block && arch.block.is_none()) || in_place_pieces);
+    let ranges = even_ranges(steal_units, if stealing { tasks } else { 0 });
     let body = |t: usize| {
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
         let u0 = t * units / tasks;
@@ -120,6 +142,23 @@ pub(crate) unsafe fn gemm_raw_with(
             return;
         }
         let own = u1 - u0;
+        if in_place_pieces && stealing {
+            // Unit u: panel u / chunks, strips (u % chunks)·chunk_strips.. of it.
+            let own = steal_units * (t + 1) / tasks - steal_units * t / tasks;
+            let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 1, least: 1 };
+            while let Some((a, b)) = taker.take() {
+                for p in a / chunks..b.div_ceil(chunks) {
+                    let (c0, c1) = (a.max(p * chunks) - p * chunks, b.min((p + 1) * chunks) - p * chunks);
+                    let (r0, r1) = ((c0 * chunk_strips * MR).min(d.m), (c1 * chunk_strips * MR).min(d.m));
+                    // SAFETY: each unit is taken once (compare-and-swap) and run through all its
+                    // k blocks here, so its tiles of C are written by no other task; a block of
+                    // one panel reads A in place (`reads_a_in_place`), so the scratch region t
+                    // is not even used; operands as this function's contract.
+                    unsafe { block(d, r0, r1, p, p + 1, apack, arch) };
+                }
+            }
+            return;
+        }
         if !by_rows {
             // Panels: pairs (the AVX-512 tile spans two), the owner's halving from all of its range.
             let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 2, least: 2 };
