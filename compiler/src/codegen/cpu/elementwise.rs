@@ -62,7 +62,7 @@ pub(crate) fn tasks_for(threads: usize, work: usize, min_per_task: usize) -> u32
 /// several per thread a thread that starts late or loses its core to another process for a while
 /// does less of the kernel instead of holding the other at the join: with one task per thread,
 /// MiniLM's 8×128 layer norms (1024 rows) on 2 threads of the Zen 3 of 2026-12-07 left a thread
-/// idle for 15–40% of each norm (the join's wait, measured per kernel).
+/// idle for 20–40% of each norm (the join's wait, measured per kernel).
 const TASKS_PER_THREAD: usize = 4;
 
 /// What a map computes per element.
