@@ -171,14 +171,16 @@ pub(crate) unsafe fn gemm_raw_with(
         // Rows: the owner's pieces are the m blocks `gemm_block` would cut its whole range into
         // (whole tiles, so a multiple of MR rows); a thief's a quarter of that, so the tail
         // evens out without many short blocks that each stream all of B. Both halve what is left
-        // towards the end, down to one strip: the last pieces of a 1024-row FFN GEMM were 6
+        // towards the end, down to one tile's strips: the last pieces of a 1024-row FFN GEMM were 6
         // strips (0.5 ms on one thread), and a thread finishing first waited up to that long.
         // Threads waiting at the joins (`kiln bench --profile`), MiniLM 8×128 on 2 threads of
         // the Zen 3 of 2026-12-07 (with the norms' finer split, `tasks_for`), old and new in
         // alternate processes: 2.6 and 4.3 -> 1.9 and 2.1 ms per run; 1×512 2.3 -> 1.8.
+        // (Down to one tile: two strips on the AVX-512 tile, which spans two.)
         let piece = Blocking::new(d, own * MR, arch).mc_step / MR;
         let bite = piece.div_ceil(4).next_multiple_of(2);
-        let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite, least: 1 };
+        let least = if arch.wide.is_some() { 2 } else { 1 };
+        let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: piece, bite, least };
         while let Some((s0, s1)) = taker.take() {
             // SAFETY: each strip range is taken once (compare-and-swap), so the rows of C written
             // here are written by no other task; task t owns scratch region t (t < tasks <= fit);

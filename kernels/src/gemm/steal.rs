@@ -63,11 +63,13 @@ impl StealRange {
         })
     }
 
-    /// Takes units from the back (a thief): `n`, or half of what is left once that is less
-    /// than twice `n`, but no fewer than `least`: the taken range, or None when empty.
+    /// Takes units from the back (a thief): `n`, or half of what is left (rounded up to a
+    /// multiple of `least`) once that is less than twice `n`, but no fewer than `least`: the
+    /// taken range, or None when empty.
     pub(super) fn take_back(&self, n: usize, least: usize) -> Option<(usize, usize)> {
         self.take(|f, b| {
-            let n = n.min((b - f).div_ceil(2).max(least)).max(1);
+            let least = least.max(1);
+            let n = n.min((b - f).div_ceil(2).next_multiple_of(least).max(least)).max(1);
             let s = b.saturating_sub(n).max(f);
             ((f, s), (s, b))
         })
@@ -143,7 +145,7 @@ mod tests {
         assert_eq!(r.take_back(16, 2), Some((24, 40)), "the bite while 32 or more are left");
         assert_eq!(r.take_back(16, 2), Some((12, 24)), "half of the 24 left");
         assert_eq!(r.take_back(16, 2), Some((6, 12)));
-        assert_eq!(r.take_back(16, 4), Some((2, 6)), "no fewer than 4");
+        assert_eq!(r.take_back(16, 4), Some((2, 6)), "no fewer than 4 (half of 6, rounded up to 4)");
         assert_eq!(r.take_back(16, 4), Some((0, 2)), "nor more than is left");
     }
 
