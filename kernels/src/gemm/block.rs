@@ -84,7 +84,7 @@ impl Blocking {
     }
 }
 
-/// Whether [`gemm_block`] over `panels` B panels of `d` (fewer than all: a thread's share)
+/// Whether [`gemm_block`] over `panels` B panels of `d` (a thread's share when fewer than all)
 /// reads A's rows in place rather than packing them (why and when: in `gemm_block_with`).
 pub(super) fn reads_a_in_place(d: &GemmDesc, panels: usize, arch: &Arch) -> bool {
     let tiles_per_strip = if arch.wide.is_some() { panels.div_ceil(2) } else { panels };

@@ -142,7 +142,7 @@ pub(crate) unsafe fn gemm_raw_with(
             return;
         }
         let own = u1 - u0;
-        if in_place_pieces && stealing {
+        if in_place_pieces {
             // Unit u: panel u / chunks, strips (u % chunks)·chunk_strips.. of it.
             let own = steal_units * (t + 1) / tasks - steal_units * t / tasks;
             let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 1, least: 1 };

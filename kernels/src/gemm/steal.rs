@@ -56,8 +56,7 @@ impl StealRange {
     /// half a head.)
     pub(super) fn take_front(&self, most: usize, least: usize) -> Option<(usize, usize)> {
         self.take(|f, b| {
-            let least = least.max(1);
-            let n = most.min((b - f).div_ceil(2).next_multiple_of(least).max(least)).max(1);
+            let n = piece(most, b - f, least);
             let g = (f + n).min(b);
             ((g, b), (f, g))
         })
@@ -68,8 +67,7 @@ impl StealRange {
     /// taken range, or None when empty.
     pub(super) fn take_back(&self, n: usize, least: usize) -> Option<(usize, usize)> {
         self.take(|f, b| {
-            let least = least.max(1);
-            let n = n.min((b - f).div_ceil(2).next_multiple_of(least).max(least)).max(1);
+            let n = piece(n, b - f, least);
             let s = b.saturating_sub(n).max(f);
             ((f, s), (s, b))
         })
@@ -91,6 +89,13 @@ impl StealRange {
             }
         }
     }
+}
+
+/// The units either end takes of `left`: `cap`, or half of `left` rounded up to a multiple of
+/// `least` once that is smaller, but no fewer than `least` (and at least one).
+fn piece(cap: usize, left: usize, least: usize) -> usize {
+    let least = least.max(1);
+    cap.min(left.div_ceil(2).next_multiple_of(least).max(least)).max(1)
 }
 
 /// One thread's way through the ranges of a split: its own from the front, `most` at a time,

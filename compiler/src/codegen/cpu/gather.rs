@@ -44,8 +44,9 @@ pub(crate) fn emit_gather(fx: &mut Fx, k: &Kernel) -> u32 {
     // A task per 8192 copied elements, not the elementwise maps' 32768: a gather's rows come
     // from a table larger than the caches (MiniLM's word embeddings: 47 MB), so it waits on
     // memory a row at a time, and two cores wait side by side. MiniLM 1×128 (128 rows of 384:
-    // one task before, two now), `kiln bench --profile`, Zen 3, 2 threads: 0.084–0.098 ->
-    // 0.048–0.052 ms.
+    // one task before, two with this threshold, six since `tasks_for` gives up to four per
+    // thread), `kiln bench --profile`, Zen 3, 2 threads: 0.084–0.098 -> 0.048–0.052 ms (one
+    // task -> two).
     let tasks = if dims.is_empty() { 1 } else { tasks_for(fx.env.threads, n_ids * cols, 1 << 13).min(dims[0] as u32) };
     let range = if tasks > 1 { Some(fx.task_range(dims[0], 1)) } else { None };
     let t_cs = t.strides[1] as i64;
