@@ -121,8 +121,8 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: u8>(
     // SAFETY: forwarded.
     unsafe {
         match POST {
-            NO_POST => store_tile_as::<R, false>(&acc, c, ldc, alpha, beta, mr, nr, None),
-            LINEAR => store_tile_as::<R, false>(&acc, c, ldc, alpha, beta, mr, nr, post),
+            NO_POST => store_tile::<R, false>(&acc, c, ldc, alpha, beta, mr, nr, None),
+            LINEAR => store_tile::<R, false>(&acc, c, ldc, alpha, beta, mr, nr, post),
             _ => {
                 // The activation's store walks the rows in a loop (not unrolled: the GELU is
                 // long), so the accumulators need a memory home. Handed `acc` itself, the
@@ -141,7 +141,7 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: u8>(
                         _mm256_storeu_ps(sp.add(i * NV + v).cast(), x);
                     }
                 }
-                store_tile_as::<R, true>(spill.assume_init_ref(), c, ldc, alpha, beta, mr, nr, post)
+                store_tile::<R, true>(spill.assume_init_ref(), c, ldc, alpha, beta, mr, nr, post)
             }
         }
     }
@@ -160,34 +160,15 @@ const NO_POST: u8 = 0;
 const LINEAR: u8 = 1;
 const ACT: u8 = 2;
 
-/// Stores an accumulator tile: C = post(alpha·acc (+ C if beta)), valid part mr×nr only.
+/// Stores an accumulator tile: C = post(alpha·acc (+ C if beta)), valid part mr×nr only; the
+/// activation and gate compiled in only with `ACT` (without, `post` must have neither: see
+/// [`LINEAR`]).
 ///
 /// # Safety
 /// AVX2 present; `c` writable for mr rows of nr floats at stride ldc.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn store_tile<const R: usize>(
-    acc: &[[__m256; NV]; R],
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    beta: bool,
-    mr: usize,
-    nr: usize,
-    post: Option<TilePost>,
-) {
-    // SAFETY: forwarded.
-    unsafe { store_tile_as::<R, true>(acc, c, ldc, alpha, beta, mr, nr, post) }
-}
-
-/// [`store_tile`], the activation and gate compiled in only with `ACT` (without, `post` must
-/// have neither: see [`LINEAR`]).
-///
-/// # Safety
-/// As [`store_tile`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn store_tile_as<const R: usize, const ACT: bool>(
+pub(super) unsafe fn store_tile<const R: usize, const ACT: bool>(
     acc: &[[__m256; NV]; R],
     c: *mut f32,
     ldc: usize,

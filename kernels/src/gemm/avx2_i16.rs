@@ -126,7 +126,7 @@ unsafe fn tile<const R: usize, const VNNI: bool>(
                 *x = _mm256_cvtepi32_ps(v);
             }
         }
-        store_tile(&accf, c, ldc, alpha, beta, mr, nr, post)
+        store_tile::<R, true>(&accf, c, ldc, alpha, beta, mr, nr, post)
     }
 }
 
@@ -217,6 +217,6 @@ pub(super) unsafe fn kernel_u8(
                 *x = _mm256_cvtepi32_ps(_mm256_loadu_si256(row[v * 8..].as_ptr().cast()));
             }
         }
-        store_tile::<MR>(&accf, c, ldc, alpha, beta, mr, nr, post)
+        store_tile::<MR, true>(&accf, c, ldc, alpha, beta, mr, nr, post)
     }
 }
