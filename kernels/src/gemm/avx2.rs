@@ -153,9 +153,10 @@ unsafe fn kernel_r<const R: usize, const DIRECT: bool, const POST: u8>(
 /// the instance kept its accumulators in a stack array (zeroed before the k loop, spilled after
 /// it), and those stores queued behind the tile's stores to C, cold lines in a model. Measured on
 /// the Zen 3 of 2026-12-07 (`gemm_bench EPI=bias`, interleaved bursts, 1 thread): a bias cost
-/// 4–10% over no epilogue at 128×384·384×384, 128×384·384×1536 and 1024×384·384×1536, 1–2% with
-/// these instances (2 threads, 1024×384·384×1536: 80–86% → 88–89% of the peak). MiniLM runs a bias or a
-/// bias and residual on every GEMM but FFN-up's. A GELU-only instance measured level: not kept.
+/// 4–10% over no epilogue at 128×384·384×384, 128×384·384×1536 and 1024×384·384×1536, 1–2%
+/// with these instances (2 threads, 1024×384·384×1536: 80–86% → 88–89% of the peak). MiniLM
+/// runs a bias or a bias and residual on every GEMM but FFN-up's. A GELU-only instance measured
+/// level: not kept.
 const NO_POST: u8 = 0;
 const LINEAR: u8 = 1;
 const ACT: u8 = 2;
@@ -178,6 +179,7 @@ pub(super) unsafe fn store_tile<const R: usize, const ACT: bool>(
     nr: usize,
     post: Option<TilePost>,
 ) {
+    debug_assert!(ACT || post.is_none_or(|t| t.act == Activation::None && !t.gated()), "an activation in a store compiled without one");
     let alpha_v = _mm256_set1_ps(alpha);
     // alpha = 1 (every GEMM but attention's scaled products): x·1 = x, one multiply fewer per vector.
     let unit = alpha == 1.0;
