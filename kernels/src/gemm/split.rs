@@ -1,7 +1,7 @@
 //! How a GEMM's work is cut across threads, and the multi-threaded raw entry.
 
 use super::block::{gemm_block_with, reads_a_in_place, Blocking};
-use super::steal::{even_ranges, Taker, MAX_STEAL_TASKS};
+use super::steal::{even_ranges, even_share, Taker, MAX_STEAL_TASKS};
 use super::*;
 
 /// How a GEMM's work is cut across threads.
@@ -128,8 +128,7 @@ pub(crate) unsafe fn gemm_raw_with(
     let ranges = even_ranges(steal_units, if stealing { tasks } else { 0 });
     let body = |t: usize| {
         let apack = align64((sp as *mut f32).wrapping_add(t * per));
-        let u0 = t * units / tasks;
-        let u1 = (t + 1) * units / tasks;
+        let (u0, u1) = even_share(units, tasks, t);
         if !stealing {
             let (r0, r1, p0, p1) = if by_rows {
                 ((u0 * MR).min(d.m), (u1 * MR).min(d.m), 0, n_panels)
@@ -144,7 +143,8 @@ pub(crate) unsafe fn gemm_raw_with(
         let own = u1 - u0;
         if in_place_pieces {
             // Unit u: panel u / chunks, strips (u % chunks)·chunk_strips.. of it.
-            let own = steal_units * (t + 1) / tasks - steal_units * t / tasks;
+            let (s0, s1) = even_share(steal_units, tasks, t);
+            let own = s1 - s0;
             let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: 1, least: 1 };
             while let Some((a, b)) = taker.take() {
                 for p in a / chunks..b.div_ceil(chunks) {

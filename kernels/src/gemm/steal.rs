@@ -26,11 +26,18 @@ pub(crate) const MAX_STEAL_TASKS: usize = 64;
 pub(crate) fn even_ranges(units: usize, tasks: usize) -> [StealRange; MAX_STEAL_TASKS] {
     std::array::from_fn(|t| {
         if t < tasks {
-            StealRange::new(t * units / tasks, (t + 1) * units / tasks)
+            let (a, b) = even_share(units, tasks, t);
+            StealRange::new(a, b)
         } else {
             StealRange::new(0, 0)
         }
     })
+}
+
+/// Task t's share of `units` cut into `tasks` near-equal contiguous ranges:
+/// `t·units/tasks .. (t+1)·units/tasks` (tasks > 0).
+pub(crate) fn even_share(units: usize, tasks: usize, t: usize) -> (usize, usize) {
+    (t * units / tasks, (t + 1) * units / tasks)
 }
 
 /// Units (strips or panels) `front..back`, packed as `back << 32 | front` so that one
