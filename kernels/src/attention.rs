@@ -111,8 +111,27 @@ impl HeadDesc {
             c,
             ldc,
             accumulate: false,
-            epi: Epilogue { scale: self.scale, ..Epilogue::NONE },
+            epi: Epilogue { scale: self.scale, bias: self.folded_mask(), ..Epilogue::NONE },
             act: Activation::None,
+        }
+    }
+
+    /// A broadcast mask row (`strides.mask == 0`) as the scores GEMM's bias: each score gets its
+    /// key's mask value added as the tile stores it (`scale·acc`, then `+ mask`: the two
+    /// roundings of a scaled store followed by the softmax pass's addition), so that pass only
+    /// reads for the row max instead of adding and storing back. Null otherwise (no mask, or a
+    /// row per query, which the softmax pass adds).
+    fn folded_mask(&self) -> *const f32 {
+        if self.strides.mask == 0 { self.mask } else { std::ptr::null() }
+    }
+
+    /// Query row `row`'s mask for keys `k0..`, as the softmax pass adds it: null where there is
+    /// none or the scores GEMM added it ([`HeadDesc::folded_mask`]).
+    fn pass_mask(&self, row: usize, k0: usize) -> *const f32 {
+        if self.mask.is_null() || self.strides.mask == 0 {
+            std::ptr::null()
+        } else {
+            self.mask.wrapping_add(row * self.strides.mask + k0)
         }
     }
 
@@ -292,12 +311,7 @@ unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, 
             let sd = h.scores(r0, rb, sk, kpack, s, sk);
             gemm_block(&sd, 0, rb, 0, sk.div_ceil(NR), apack, arch);
             for i in 0..rb {
-                let mrow = if h.mask.is_null() {
-                    std::ptr::null()
-                } else {
-                    h.mask.add((r0 + i) * h.strides.mask)
-                };
-                let (max, sum) = exp_shift_sum_raw(s.add(i * sk), mrow, sk, isa);
+                let (max, sum) = exp_shift_sum_raw(s.add(i * sk), h.pass_mask(r0 + i, 0), sk, isa);
                 if let Some(upper) = skipped_upper {
                     // A skipped key's exp(score - max) is exactly 0 when its score is more than
                     // 104 below the row's max; otherwise (or a NaN max) run all keys.
@@ -381,12 +395,7 @@ unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, sc
                 let sd = h.scores(r0, rb, sk, kpack, s.wrapping_sub(k0), kb);
                 gemm_block(&sd, 0, rb, k0 / NR, (k0 + n).div_ceil(NR), apack, arch);
                 for i in 0..rb {
-                    let mrow = if h.mask.is_null() {
-                        std::ptr::null()
-                    } else {
-                        h.mask.add((r0 + i) * h.strides.mask + k0)
-                    };
-                    let (m_blk, l_blk) = exp_shift_sum_raw(s.add(i * kb), mrow, n, isa);
+                    let (m_blk, l_blk) = exp_shift_sum_raw(s.add(i * kb), h.pass_mask(r0 + i, k0), n, isa);
                     if m_blk.is_nan() || l_blk.is_nan() {
                         return Outcome::NanRow;
                     }
