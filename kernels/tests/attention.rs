@@ -587,3 +587,32 @@ fn padded_keys_that_matter_are_not_skipped() {
     k.clear();
     v.clear();
 }
+
+/// A broadcast mask row is added by the scores GEMM as its bias (`scale·acc`, then `+ mask`),
+/// a mask per query row by the softmax pass: the same two roundings, so the same bits. Open
+/// keys with mask values of every size and -inf holes (nothing to skip), partial tiles, and the
+/// key-blocked path beyond 2048 keys.
+#[test]
+fn broadcast_mask_in_the_scores_gemm_is_bitwise_the_per_row_mask() {
+    for isa in isas() {
+        for (sq, sk, d) in [(128, 128, 32), (13, 77, 24), (100, 2600, 32)] {
+            let mut r = Rng::new(sk as u64 * 7 + sq as u64);
+            let (q, k, v) = (r.vec(sq * d), r.vec(sk * d), r.vec(sk * d));
+            let mask: Vec<f32> = (0..sk)
+                // (The last key open: padded keys at the end would be skipped, which changes
+                // the order of the softmax sum.)
+                .map(|j| match j % 7 {
+                    2 if j + 1 < sk => f32::NEG_INFINITY,
+                    5 => -3.5e-3 * j as f32,
+                    _ => r.f32() * 4.0,
+                })
+                .collect();
+            let dims = AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: d };
+            let folded = head_with_mask(&q, &k, &v, &mask, dims, d, false, isa);
+            let per_row = head_with_mask(&q, &k, &v, &mask, dims, d, true, isa);
+            assert_eq!(bits(&folded), bits(&per_row), "{isa:?} {sq}x{sk}x{d}");
+            let want = reference(&q, d, &k, d, &v, d, dims, 1.0 / (d as f32).sqrt(), &|_, j| mask[j]);
+            assert_close(&folded, d, &want, dims, &format!("{sq}x{sk}x{d}"));
+        }
+    }
+}
