@@ -162,7 +162,10 @@ pub(crate) unsafe fn gemm_raw_with(
         if !by_rows {
             // Panels: pairs on the AVX-512 tile (it spans two), single panels on the others (a
             // thread finishing first then waits for at most one panel's tiles: 16 µs at 128
-            // rows on one core of the Zen 3), the owner's halving from all of its range.
+            // rows on one core of the Zen 3), the owner's halving from all of its range. MiniLM
+            // 1×128 on 2 threads of the Zen 3 of 2026-12-07 (fifteenth session), old and new in
+            // alternate processes, a busy host: threads waiting at the joins 0.78, 1.16, 0.83,
+            // 0.91 -> 0.75, 0.64, 0.71, 0.63 ms per run (`kiln bench --profile`).
             let least = if arch.wide.is_some() { 2 } else { 1 };
             let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: own, bite: least, least };
             // SAFETY: one k block and one m block (`one_block`), so the panels `taker` gives are
