@@ -116,6 +116,17 @@ impl HeadDesc {
         }
     }
 
+    /// Query rows `r0..r0 + n` of this head, as a head of their own (the same keys).
+    fn rows(&self, r0: usize, n: usize) -> HeadDesc {
+        HeadDesc {
+            dims: AttnDims { seq_q: n, ..self.dims },
+            q: self.q.wrapping_add(r0 * self.strides.q),
+            mask: if self.mask.is_null() { self.mask } else { self.mask.wrapping_add(r0 * self.strides.mask) },
+            out: self.out.wrapping_add(r0 * self.strides.out),
+            ..*self
+        }
+    }
+
     /// A broadcast mask row (`strides.mask == 0`) as the scores GEMM's bias: each score gets its
     /// key's mask value added as the tile stores it (`scale·acc`, then `+ mask`: the two
     /// roundings of a scaled store followed by the softmax pass's addition), so that pass only
@@ -158,7 +169,7 @@ impl HeadDesc {
 /// [`AttentionArgs::flags`] bit: a row whose probabilities are NaN uses probabilities 0.
 pub const ATTN_ZERO_NAN_ROWS: u32 = 1;
 
-/// Runs one head on the calling thread.
+/// Runs one head on the calling thread: its row units ([`ROW_BLOCK`] query rows each) in order.
 ///
 /// # Safety
 /// Q: seq_q rows × head_dim at strides.q; K: seq_k × head_dim at strides.k; V: seq_k × head_dim_v at
@@ -166,27 +177,83 @@ pub const ATTN_ZERO_NAN_ROWS: u32 = 1;
 /// not null): seq_k floats per row, seq_q rows at strides.mask (or one row when 0); `scratch`
 /// writable for `attention_scratch_len(dims)` floats, disjoint from everything else.
 pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &Arch, isa: Isa) {
+    let mut cache = HeadCache::new();
+    for u in 0..row_units(h.dims.seq_q) {
+        // SAFETY: forwarded.
+        unsafe { attention_unit(h, 0, u, scratch, arch, isa, &mut cache) };
+    }
+}
+
+/// Row units of a head with `seq_q` query rows: [`ROW_BLOCK`] rows each, the last one shorter.
+///
+/// A unit is what a thread runs at once, and what every decision about the keys is made for
+/// (padded keys skipped or not, the fallbacks): its result depends on its own rows only, never on
+/// which thread runs it or what ran before, so any split of the units gives the same bits. A head
+/// was the unit until 2026-12-07 (fifteenth session): at MiniLM 1×512 — 12 heads of 0.5 ms on one
+/// thread, 6 a thread — the thread finishing first waited 0.13–0.19 ms of each layer's 3.4 ms
+/// attention for the other's last head (0.23–0.29 ms on a busy host); a unit is a sixth of that head.
+pub(crate) fn row_units(seq_q: usize) -> usize {
+    seq_q.div_ceil(ROW_BLOCK)
+}
+
+/// What one worker's scratch holds between the units it runs: the head they belong to (an index
+/// of the caller's), that head's keys-side padding facts, and which keys of its K and V are
+/// packed, in which layout. Units of one head in a row reuse them.
+pub(crate) struct HeadCache {
+    head: usize,
+    key_tail: Option<Option<KeyTail>>,
+    /// Keys packed, and whether in the key-blocked layout ([`head_blocked`]).
+    packed: Option<(usize, bool)>,
+}
+
+impl HeadCache {
+    pub(crate) const fn new() -> HeadCache {
+        HeadCache { head: usize::MAX, key_tail: None, packed: None }
+    }
+
+    /// Forgets what it holds unless it is head `head`'s.
+    fn enter(&mut self, head: usize) {
+        if self.head != head {
+            *self = HeadCache { head, ..HeadCache::new() };
+        }
+    }
+}
+
+/// Runs row unit `u` of head `h` (numbered `head` for `cache`) on the calling thread.
+///
+/// # Safety
+/// As [`attention_head_raw`]; `u < row_units(seq_q)`; `cache` used only with this `scratch`, and
+/// `head` names one head (the same operands) for it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn attention_unit(h: &HeadDesc, head: usize, u: usize, scratch: *mut f32, arch: &Arch, isa: Isa, cache: &mut HeadCache) {
+    let r0 = u * ROW_BLOCK;
+    let sub = h.rows(r0, ROW_BLOCK.min(h.dims.seq_q - r0));
+    cache.enter(head);
+    // SAFETY: the head's K, V and mask (the caller's contract).
+    let key_tail = *cache.key_tail.get_or_insert_with(|| unsafe { key_tail(h) });
     // Keys 0..keys, by key blocks when there are more than TWO_PASS_MAX_KEYS of them.
-    let run = |keys: usize, upper: Option<f64>| {
-        // SAFETY (all calls here): the caller's contract, forwarded; keys <= seq_k.
+    let run = |keys: usize, upper: Option<f64>, packed: &mut Option<(usize, bool)>| {
+        // SAFETY (all calls here): the caller's contract, forwarded (`sub` is rows of `h`);
+        // keys <= seq_k.
         if keys > TWO_PASS_MAX_KEYS {
-            unsafe { head_blocked(h, keys, upper, scratch, arch, isa) }
-        } else if unsafe { head_over_keys(h, keys, upper, scratch, arch, isa) } {
+            unsafe { head_blocked(&sub, keys, upper, scratch, arch, isa, packed) }
+        } else if unsafe { head_over_keys(&sub, keys, upper, scratch, arch, isa, packed) } {
             Outcome::Done
         } else {
             Outcome::Unclear
         }
     };
-    if let Some(skip) = unsafe { padded_tail(h) } {
-        if let Outcome::Done = run(skip.keep, Some(skip.upper)) {
+    // SAFETY: the unit's Q rows (the caller's contract).
+    if let Some(skip) = key_tail.and_then(|kt| unsafe { padded_tail(&sub, &kt) }) {
+        if let Outcome::Done = run(skip.keep, Some(skip.upper), &mut cache.packed) {
             return;
         }
     }
-    if let Outcome::Done = run(h.dims.seq_k, None) {
+    if let Outcome::Done = run(h.dims.seq_k, None, &mut cache.packed) {
         return;
     }
     // A NaN row in key blocks: the two-pass softmax over whole rows defines what it gives.
-    unsafe { head_over_keys(h, h.dims.seq_k, None, scratch, arch, isa) };
+    unsafe { head_over_keys(&sub, h.dims.seq_k, None, scratch, arch, isa, &mut cache.packed) };
 }
 
 /// How a pass over the keys ended.
@@ -207,20 +274,51 @@ struct PaddedTail {
     upper: f64,
 }
 
+/// The keys' side of [`PaddedTail`], the same for every query row of a head.
+#[derive(Clone, Copy)]
+struct KeyTail {
+    keep: usize,
+    /// The largest norm of a skipped key.
+    kmax: f64,
+    /// The largest mask value of a skipped key.
+    mtail: f64,
+}
+
 /// A mask value at or below this makes a key a candidate for skipping.
 const PAD_CANDIDATE: f32 = -1000.0;
+
+/// A row's Euclidean norm, in f32: eight independent sums (the loop vectorizes; f64 made this
+/// scan a tenth of a half-padded seq-128 head), relative error under n·2⁻²⁴, inside the bound's
+/// 1e-4 margin; an overflow gives inf, and inf refuses the skip.
+///
+/// # Safety
+/// `p` readable for `n` floats.
+unsafe fn norm(p: *const f32, n: usize) -> f64 {
+    // SAFETY: the caller's contract.
+    let row = unsafe { std::slice::from_raw_parts(p, n) };
+    let mut acc = [0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x * x;
+        }
+    }
+    ((acc.iter().sum::<f32>() + tail) as f64).sqrt()
+}
 
 /// Padded keys: with one mask row for all queries (BERT's `[batch, 1, 1, seq]` mask), the keys
 /// after the last one the mask leaves open (value > -1000) are skipped when that provably changes
 /// nothing: by Cauchy–Schwarz no skipped score exceeds `|scale|·max‖q‖·max‖k‖` plus its mask, and
 /// [`head_over_keys`] checks per row that this stays 110 below the row's max, where `exp` is
 /// exactly 0. Skipped K and V rows must be finite (a NaN or inf would reach the output through
-/// `0·v`). Costs O((seq_q + seq_k)·head_dim) against attention's O(seq_q·seq_k·head_dim).
+/// `0·v`). This is the keys' part, once per head: None when nothing can be skipped. Costs
+/// O(seq_k·head_dim) against attention's O(seq_q·seq_k·head_dim).
 ///
 /// # Safety
 /// As [`attention_head_raw`].
-unsafe fn padded_tail(h: &HeadDesc) -> Option<PaddedTail> {
-    let AttnDims { seq_q: sq, seq_k: sk, head_dim: d, head_dim_v: dv } = h.dims;
+unsafe fn key_tail(h: &HeadDesc) -> Option<KeyTail> {
+    let AttnDims { seq_q: _, seq_k: sk, head_dim: d, head_dim_v: dv } = h.dims;
     if h.mask.is_null() || h.strides.mask != 0 || sk == 0 {
         return None;
     }
@@ -231,28 +329,11 @@ unsafe fn padded_tail(h: &HeadDesc) -> Option<PaddedTail> {
     if keep == 0 || keep == sk {
         return None;
     }
-    let norm = |p: *const f32, n: usize| -> f64 {
-        // SAFETY: rows of the operands, inside their extents (caller contract).
-        let row = unsafe { std::slice::from_raw_parts(p, n) };
-        // In f32, eight independent sums (the loop vectorizes; f64 made this scan a tenth of a
-        // half-padded seq-128 head): relative error under n·2⁻²⁴, inside the bound's 1e-4 margin;
-        // an overflow gives inf, and inf refuses the skip.
-        let mut acc = [0f32; 8];
-        let chunks = row.chunks_exact(8);
-        let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
-        for c in chunks {
-            for (a, &x) in acc.iter_mut().zip(c) {
-                *a += x * x;
-            }
-        }
-        ((acc.iter().sum::<f32>() + tail) as f64).sqrt()
-    };
-    let qmax = (0..sq).map(|i| norm(h.q.wrapping_add(i * h.strides.q), d)).fold(0f64, f64::max);
     let mut kmax = 0f64;
     for j in keep..sk {
         // (Each row's norm checked before the max: f64::max would drop a NaN.)
-        let kn = norm(h.k.wrapping_add(j * h.strides.k), d);
-        // SAFETY: row j < sk of V.
+        // SAFETY: rows j < sk of K and V.
+        let kn = unsafe { norm(h.k.wrapping_add(j * h.strides.k), d) };
         let v = unsafe { std::slice::from_raw_parts(h.v.wrapping_add(j * h.strides.v), dv) };
         if !kn.is_finite() || v.iter().any(|x| !x.is_finite()) {
             return None;
@@ -260,11 +341,21 @@ unsafe fn padded_tail(h: &HeadDesc) -> Option<PaddedTail> {
         kmax = kmax.max(kn);
     }
     let mtail = mask[keep..].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let bound = (h.scale.abs() as f64) * qmax * kmax;
+    Some(KeyTail { keep, kmax, mtail })
+}
+
+/// The skip of [`key_tail`] for the query rows of `h` (a unit's): the bound on their scores.
+///
+/// # Safety
+/// As [`attention_head_raw`].
+unsafe fn padded_tail(h: &HeadDesc, kt: &KeyTail) -> Option<PaddedTail> {
+    // SAFETY: rows i < seq_q of Q.
+    let qmax = (0..h.dims.seq_q).map(|i| unsafe { norm(h.q.wrapping_add(i * h.strides.q), h.dims.head_dim) }).fold(0f64, f64::max);
+    let bound = (h.scale.abs() as f64) * qmax * kt.kmax;
     // The computed dot product may exceed the exact one by d·eps·‖q‖‖k‖; the mask's addition
     // rounds once more.
-    let upper = bound * (1.0 + 1e-4) + mtail * (1.0 - 1e-6);
-    (upper.is_finite() || upper == f64::NEG_INFINITY).then_some(PaddedTail { keep, upper })
+    let upper = bound * (1.0 + 1e-4) + kt.mtail * (1.0 - 1e-6);
+    (upper.is_finite() || upper == f64::NEG_INFINITY).then_some(PaddedTail { keep: kt.keep, upper })
 }
 
 /// Attention of one head over keys `0..keys`. With `skipped_upper` (keys `keys..seq_k` skipped,
@@ -273,7 +364,7 @@ unsafe fn padded_tail(h: &HeadDesc) -> Option<PaddedTail> {
 ///
 /// # Safety
 /// As [`attention_head_raw`]; `keys <= seq_k`.
-unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, scratch: *mut f32, arch: &Arch, isa: Isa) -> bool {
+unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, scratch: *mut f32, arch: &Arch, isa: Isa, packed: &mut Option<(usize, bool)>) -> bool {
     let AttnDims {
         seq_q: sq,
         seq_k: _,
@@ -293,10 +384,13 @@ unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, 
     // SAFETY (whole body): the regions above lie inside the scratch extent by construction of
     // attention_scratch_len; operand extents are the caller's contract.
     unsafe {
-        // Kᵀ as B of S = Q·Kᵀ: B(p, j) = K[j, p], i.e. a transposed [n = sk, k = d] source.
-        pack_b_raw(h.k, d, sk, h.strides.k, true, kpack);
-        // V as B of O = P·V: [k = sk, n = dv].
-        pack_b_raw(h.v, sk, dv, h.strides.v, false, vpack);
+        if *packed != Some((sk, false)) {
+            // Kᵀ as B of S = Q·Kᵀ: B(p, j) = K[j, p], i.e. a transposed [n = sk, k = d] source.
+            pack_b_raw(h.k, d, sk, h.strides.k, true, kpack);
+            // V as B of O = P·V: [k = sk, n = dv].
+            pack_b_raw(h.v, sk, dv, h.strides.v, false, vpack);
+            *packed = Some((sk, false));
+        }
         let mut r0 = 0;
         while r0 < sq {
             let rb = rb_max.min(sq - r0);
@@ -349,7 +443,8 @@ unsafe fn head_over_keys(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, 
 ///
 /// # Safety
 /// As [`attention_head_raw`]; `TWO_PASS_MAX_KEYS < keys <= seq_k`.
-unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, scratch: *mut f32, arch: &Arch, isa: Isa) -> Outcome {
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, scratch: *mut f32, arch: &Arch, isa: Isa, packed: &mut Option<(usize, bool)>) -> Outcome {
     let AttnDims { seq_q: sq, seq_k: _, head_dim: d, head_dim_v: dv } = h.dims;
     let sk = keys;
     if sq == 0 || dv == 0 {
@@ -372,13 +467,16 @@ unsafe fn head_blocked(h: &HeadDesc, keys: usize, skipped_upper: Option<f64>, sc
     // SAFETY (whole body): the regions above lie inside the scratch extent by construction of
     // attention_scratch_len (seq_k > TWO_PASS_MAX_KEYS); operand extents are the caller's contract.
     unsafe {
-        pack_b_raw(h.k, d, sk, h.strides.k, true, kpack);
-        // V packed per key block (block k0 at vpack + k0·dvp), so each block is a whole packed B.
-        let mut k0 = 0;
-        while k0 < sk {
-            let n = kb.min(sk - k0);
-            pack_b_raw(h.v.add(k0 * h.strides.v), n, dv, h.strides.v, false, vpack.add(k0 * dvp));
-            k0 += n;
+        if *packed != Some((sk, true)) {
+            pack_b_raw(h.k, d, sk, h.strides.k, true, kpack);
+            // V packed per key block (block k0 at vpack + k0·dvp), so each block is a whole packed B.
+            let mut k0 = 0;
+            while k0 < sk {
+                let n = kb.min(sk - k0);
+                pack_b_raw(h.v.add(k0 * h.strides.v), n, dv, h.strides.v, false, vpack.add(k0 * dvp));
+                k0 += n;
+            }
+            *packed = Some((sk, true));
         }
         let mut r0 = 0;
         while r0 < sq {
@@ -596,10 +694,12 @@ pub(crate) unsafe fn attention_batched_raw(
     let arch = Arch::for_isa(isa);
     let sp = g.scratch as usize;
     let g = *g;
-    let body = move |item: usize, w: usize| {
+    // Item i's head.
+    let head = move |item: usize| {
+        // (The whole of `g`, which is Sync: not its pointer fields one by one.)
         let g = &g;
         let (b, hd) = (item / g.heads, item % g.heads);
-        let h = HeadDesc {
+        HeadDesc {
             dims: g.dims(),
             q: g.q
                 .wrapping_add(b * g.q_batch_stride + hd * g.q_head_stride),
@@ -625,36 +725,51 @@ pub(crate) unsafe fn attention_batched_raw(
             },
             scale: g.scale,
             zero_nan_rows: g.flags & ATTN_ZERO_NAN_ROWS != 0,
-        };
-        // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
-        unsafe { attention_head_raw(&h, (sp as *mut f32).wrapping_add(w * per), &arch, isa) };
+        }
     };
+    let per_head = row_units(g.seq_q);
+    let scratch_of = |w: usize| (sp as *mut f32).wrapping_add(w * per);
+    // Item i whole, on worker w.
+    let whole = |item: usize, w: usize| {
+        let h = head(item);
+        let mut cache = HeadCache::new();
+        for u in 0..per_head {
+            // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
+            unsafe { attention_unit(&h, item, u, scratch_of(w), &arch, isa, &mut cache) };
+        }
+    };
+    let units = items.saturating_mul(per_head);
     match pool {
-        // A scratch region per thread: each thread owns a contiguous range of (batch, head) items,
-        // runs it from the front and then takes single items from the back of the others'
-        // (`gemm::steal`, as the GEMMs' splits), instead of all threads claiming the next item
-        // from one counter. A thread's heads are then neighbours: their Q, K and V columns are
-        // adjacent in the rows, which the prefetchers follow, and the two threads do not read the
-        // lines around each other's heads. Measured (`attn_bench`, 2 threads, the two ways
-        // alternated run by run in one process, best of ~1000) on the AVX2-only Zen 3 of
-        // 2026-12-07: 1×128 210.4 → 202.3, 209.9 → 201.8, 209.7 → 201.8 µs for the 12 heads;
-        // 8×128 1717 → 1708, 1705 → 1654, 1953 → 1930 µs. Each head is computed by one thread
-        // as before: the same bits.
-        // (Beyond MAX_STEAL_TASKS threads, one counter.)
-        Some(p) if workers >= p.threads() && p.threads() <= MAX_STEAL_TASKS && (2..=u32::MAX as usize).contains(&items) => {
-            let tasks = p.threads().min(items);
-            let ranges = even_ranges(items, tasks);
+        // A scratch region per thread: each thread owns a contiguous range of the (batch, head,
+        // row unit) units, runs it from the front — a whole head at a time, four at most — and
+        // then takes single units from the back of the others' (`gemm::steal`, as the GEMMs'
+        // splits), instead of all threads claiming the next head from one counter. A thread's
+        // heads are then neighbours: their Q, K and V columns are adjacent in the rows, which the
+        // prefetchers follow, and the two threads do not read the lines around each other's
+        // heads. Measured (`attn_bench`, 2 threads, the two ways alternated run by run in one
+        // process, best of ~1000) on the AVX2-only Zen 3 of 2026-12-07: 1×128 210.4 → 202.3,
+        // 209.9 → 201.8, 209.7 → 201.8 µs for the 12 heads; 8×128 1717 → 1708, 1705 → 1654,
+        // 1953 → 1930 µs. A thread taking a unit of a head it has not packed packs that head's
+        // K and V (`HeadCache`); each unit is computed as on one thread: the same bits.
+        // (Beyond MAX_STEAL_TASKS threads, one counter over whole heads.)
+        Some(p) if workers >= p.threads() && p.threads() <= MAX_STEAL_TASKS && (2..=u32::MAX as usize).contains(&units) => {
+            let tasks = p.threads().min(units);
+            let ranges = even_ranges(units, tasks);
             p.run_indexed(tasks, &|t, w| {
-                let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4, bite: 1, least: 1 };
+                let mut cache = HeadCache::new();
+                let mut taker = Taker { own: t, ranges: &ranges[..tasks], most: 4 * per_head, bite: 1, least: 1 };
                 while let Some((a, b)) = taker.take() {
-                    for i in a..b {
-                        body(i, w);
+                    for unit in a..b {
+                        let item = unit / per_head;
+                        // SAFETY: worker w < workers owns scratch region w, and `cache` is this
+                        // task's, for that region; operands per the caller's contract.
+                        unsafe { attention_unit(&head(item), item, unit % per_head, scratch_of(w), &arch, isa, &mut cache) };
                     }
                 }
             });
         }
-        Some(p) if workers > 1 => p.run_slots(items, workers, &body),
-        _ => (0..items).for_each(|i| body(i, 0)),
+        Some(p) if workers > 1 => p.run_slots(items, workers, &whole),
+        _ => (0..items).for_each(|i| whole(i, 0)),
     }
     Ok(())
 }

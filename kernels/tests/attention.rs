@@ -616,3 +616,54 @@ fn broadcast_mask_in_the_scores_gemm_is_bitwise_the_per_row_mask() {
         }
     }
 }
+
+/// A head's query rows run in units of `ROW_BLOCK` rows that any thread may take (the thread
+/// finishing first takes single units from the back of the other's range): the bits do not depend
+/// on the thread count, with the units of a head split between threads, padded keys skipped in
+/// some units and not in others (ten queries of one unit are so large that the padded keys matter
+/// to them: the reference check fails if that unit skips them), and the key-blocked path.
+#[test]
+fn row_units_give_the_same_bits_on_any_thread_count() {
+    let isa = kiln_kernels::detect_isa();
+    let pool = ThreadPool::new(5);
+    for (h, s, keep) in [(3usize, 300usize, 250usize), (2, 2300, 2000)] {
+        let d = 16;
+        let hd = h * d;
+        let row = 3 * hd;
+        let mut r = Rng::new(s as u64);
+        let mut qkv = r.vec(s * row);
+        // Unit 1 (rows 96..192) of every head: ten queries 10⁴× larger, and the padded keys 100×:
+        // their scores reach past the -10⁴ of the mask there (not in the other units).
+        for i in 100..110 {
+            for x in &mut qkv[i * row..i * row + hd] {
+                *x *= 1e4;
+            }
+        }
+        for j in keep..s {
+            for x in &mut qkv[j * row + hd..j * row + 2 * hd] {
+                *x *= 100.0;
+            }
+        }
+        let mask: Vec<f32> = (0..s).map(|j| if j < keep { 0.0 } else { -1e4 }).collect();
+        let dims = AttnDims { seq_q: s, seq_k: s, head_dim: d, head_dim_v: d };
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut outs = Vec::new();
+        for (p, threads) in [(None, 1), (Some(&pool), 2), (Some(&pool), 5)] {
+            let mut out = vec![0.0f32; s * hd];
+            let mut scratch = vec![0.0f32; attention_batched_scratch_len(dims, threads)];
+            let op = |off: usize| HeadsRef { data: &qkv[off..], batch_stride: s * row, head_stride: d, row_stride: row };
+            let m = HeadsRef { data: &mask, batch_stride: s, head_stride: 0, row_stride: 0 };
+            let o = HeadsMut { data: &mut out, batch_stride: s * hd, head_stride: d, row_stride: hd };
+            attention_batched(1, h, dims, op(0), op(hd), op(2 * hd), Some(m), o, scale, &mut scratch, p, isa).unwrap();
+            outs.push(out);
+        }
+        for (o, t) in outs[1..].iter().zip([2, 5]) {
+            assert_eq!(bits(o), bits(&outs[0]), "{h} heads of {s}: {t} threads");
+        }
+        for hi in 0..h {
+            let want = reference(&qkv[hi * d..], row, &qkv[hd + hi * d..], row, &qkv[2 * hd + hi * d..], row, dims, scale, &|_, j| mask[j]);
+            let got: Vec<f32> = (0..s).flat_map(|i| outs[0][i * hd + hi * d..][..d].to_vec()).collect();
+            assert_close(&got, d, &want, dims, &format!("{s} head {hi}"));
+        }
+    }
+}
