@@ -192,6 +192,9 @@ pub(crate) unsafe fn attention_head_raw(h: &HeadDesc, scratch: *mut f32, arch: &
 /// was the unit until 2026-12-07 (fifteenth session): at MiniLM 1×512 — 12 heads of 0.5 ms on one
 /// thread, 6 a thread — the thread finishing first waited 0.13–0.19 ms of each layer's 3.4 ms
 /// attention for the other's last head (0.23–0.29 ms on a busy host); a unit is a sixth of that head.
+/// Measured there (`kiln bench --profile`, 2 threads, heads and units in alternate processes, a
+/// host busy at times): the attention's waits 0.74, 1.66, 1.74, 1.96 → 0.48, 0.41, 0.72, 0.75 ms
+/// per run, its time 20.7, 22.8, 27.2, 29.0 → 20.0, 21.4, 26.2, 26.1 ms.
 pub(crate) fn row_units(seq_q: usize) -> usize {
     seq_q.div_ceil(ROW_BLOCK)
 }
