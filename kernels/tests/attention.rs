@@ -648,6 +648,8 @@ fn row_units_give_the_same_bits_on_any_thread_count() {
         let dims = AttnDims { seq_q: s, seq_k: s, head_dim: d, head_dim_v: d };
         let scale = 1.0 / (d as f32).sqrt();
         let mut outs = Vec::new();
+        // One thread; scratch for 2 of the pool's 5 threads (whole heads, one per scratch slot);
+        // all 5 (ranges of units that cut heads, the finishers stealing single units).
         for (p, threads) in [(None, 1), (Some(&pool), 2), (Some(&pool), 5)] {
             let mut out = vec![0.0f32; s * hd];
             let mut scratch = vec![0.0f32; attention_batched_scratch_len(dims, threads)];
@@ -658,7 +660,7 @@ fn row_units_give_the_same_bits_on_any_thread_count() {
             outs.push(out);
         }
         for (o, t) in outs[1..].iter().zip([2, 5]) {
-            assert_eq!(bits(o), bits(&outs[0]), "{h} heads of {s}: {t} threads");
+            assert_eq!(bits(o), bits(&outs[0]), "{h} heads of {s}: scratch for {t} threads");
         }
         for hi in 0..h {
             let want = reference(&qkv[hi * d..], row, &qkv[hd + hi * d..], row, &qkv[2 * hd + hi * d..], row, dims, scale, &|_, j| mask[j]);
