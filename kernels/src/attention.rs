@@ -139,7 +139,7 @@ impl HeadDesc {
     /// Query row `row`'s mask for keys `k0..`, as the softmax pass adds it: null where there is
     /// none or the scores GEMM added it ([`HeadDesc::folded_mask`]).
     fn pass_mask(&self, row: usize, k0: usize) -> *const f32 {
-        if self.mask.is_null() || self.strides.mask == 0 {
+        if self.mask.is_null() || !self.folded_mask().is_null() {
             std::ptr::null()
         } else {
             self.mask.wrapping_add(row * self.strides.mask + k0)
@@ -733,14 +733,8 @@ pub(crate) unsafe fn attention_batched_raw(
     let per_head = row_units(g.seq_q);
     let scratch_of = |w: usize| (sp as *mut f32).wrapping_add(w * per);
     // Item i whole, on worker w.
-    let whole = |item: usize, w: usize| {
-        let h = head(item);
-        let mut cache = HeadCache::new();
-        for u in 0..per_head {
-            // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
-            unsafe { attention_unit(&h, item, u, scratch_of(w), &arch, isa, &mut cache) };
-        }
-    };
+    // SAFETY: worker w < workers owns scratch region w; operands per the caller's contract.
+    let whole = |item: usize, w: usize| unsafe { attention_head_raw(&head(item), scratch_of(w), &arch, isa) };
     let units = items.saturating_mul(per_head);
     match pool {
         // A scratch region per thread: each thread owns a contiguous range of the (batch, head,
