@@ -1,131 +1,116 @@
 #!/usr/bin/env python3
-"""Fits the piecewise polynomial of kiln's vector GELU (erf form) and prints the Rust table.
+"""Fits the rational approximation of kiln's vector GELU (erf form) and prints the Rust constants.
 
-    PYTHONPATH=.pydeps python3 scripts/fit_gelu.py > /tmp/table.rs   # paste into kernels/src/math/coeffs.rs
+    PYTHONPATH=.pydeps python3 scripts/fit_gelu.py > /tmp/gelu.rs   # paste into kernels/src/math/coeffs.rs
 
-GELU(x) = x·Φ(x). With t = |x|, q(t) = Φ(-t) = erfc(t/√2)/2 is tabulated on [0, T) in N = 8
-intervals of width T/N, so that one lookup is one 8-lane permute (vpermps ymm; on AVX-512 the
-table is doubled to 16 lanes): u = fma(t, GELU_K, GELU_C) rounds to j in 1..=8, the interval
-[(j-1)/K, j/K), and s = fma(t, GELU_K, -j) lies in [-1, 0] (one rounding). On interval j,
-q ≈ Σ_k GELU_Q[k][j mod 8]·s^k (degree D = 9). Then GELU(x) = x·q for x ≤ 0 and x - x·q for
-x > 0 (no 1 + erf cancellation), and q = 0 past T.
+GELU(x) = x·Φ(x), Φ(x) = 1/2 + 1/2·erf(x/√2). With xc = x clamped to [-C, C] (C = 4√2 in f32,
+where erf(x/√2) is ±1 in f32) and s = xc², Φ(x) ≈ 1/2 + xc·P(s)/Q(s): P of degree 6, Q of
+degree 4 with Q(0) = 1, fitted for the absolute error of Φ on [0, C] (odd symmetry covers the
+rest) by the linearised rational least squares of Loeb (each step weighted by 1/Q of the step
+before), then Lawson's reweighting toward minimax. The kernels evaluate, one rounding per step:
+P and Q by Horner with FMAs, one IEEE division (the same bits on every ISA, unlike vrcpps),
+e = xc·(P/Q), φ = max(e + 1/2, 0), GELU = x·φ. e rounds to exactly ∓1/2 at ∓C, so φ is 0 there
+(x·0: -0 below -C, NaN at -inf as x/2·(1 + erf) gives) and 1 at +C (x itself above C).
 
-Each interval's polynomial is expanded at its right end, where q is smallest: q falls like
-e^(-t·s/K) across an interval, and about that end its leading terms c_k·s^k share a sign, so
-Horner's partial sums stay about the result's size (expanded at the centre, as with 16 intervals before, the
-terms alternate and the last interval loses a factor e^(t/K) ≈ 100 of relative accuracy to f32
-rounding). GELU_C = 0.5 + 2^-20 puts t = 0 at s = -1 of interval 1 (j = round-to-even of
-t·K + 1/2 would give 0 there).
-
-Each interval is fitted for relative error (minimax by Lawson's iteration on Chebyshev points),
-then the coefficients are rounded to f32 one at a time from the highest degree, refitting the lower
-ones after each rounding, so the f32 table keeps the f64 fit's accuracy. The last part evaluates
-the f32 table exactly as the kernels do (E(s²) + s·O(s²), even and odd coefficients in two FMA
-Horner chains; the leading terms share a sign, so E and s·O do too) on a dense sweep against math.erfc in f64
-and prints the worst relative errors.
+This is the `1 + erf` form of PyTorch and onnxruntime: its error is absolute (a few f32 ulps of
+Φ, times |x|), so the relative error grows where GELU(x) is tiny (x below about -3); the max keeps
+the sign of such results. The last part evaluates the f32 constants exactly as the kernels do on
+a dense sweep against math.erf in f64 and prints the worst errors.
 """
 import math
 import numpy as np
 
 f32 = np.float32
-
-T = 6.0          # past this, Φ(-t) < 1e-9: GELU(x) = x (x > 0) or -0 (x < 0)
-N = 8            # intervals (one 8-lane permute per coefficient)
-D = 9            # degree
-K = float(f32(N / T))          # the f32 values the kernels use
-C = float(f32(0.5 + 2.0**-20))
-U_END = N + 0.5  # u = t·K + C at t = T
+NP, NQ = 7, 5  # coefficients of P and Q (Q's first is 1)
+C = float(f32(4.0 * math.sqrt(2.0)))
 
 
-def q(t):
-    return 0.5 * math.erfc(t / math.sqrt(2.0))
+def phi_minus_half(x):
+    return 0.5 * np.vectorize(math.erf)(x / math.sqrt(2.0))
 
 
-def interval_points(j, n=400):
-    # s in [-1, 0], a hair wider (rounding of s) except at t = 0, where s = -1 exactly.
-    ext = 1.0 if j == 1 else 1.0001
-    k = np.arange(n)
-    s = -0.5 + 0.5 * ext * np.cos(np.pi * (k + 0.5) / n)
-    t = np.maximum((j + s) / K, 0.0)
-    return s, np.array([q(v) for v in t])
+def fit():
+    n = 6000
+    x = C * (1.0 - np.cos(np.linspace(0.0, math.pi, n)))[1:] / 2.0  # Chebyshev-spaced on (0, C]
+    f, y = phi_minus_half(x), x * x
+    q_prev = np.ones_like(x)
+    lawson = np.ones_like(x)
+    best = (math.inf, None)
+    for it in range(200):
+        a = np.concatenate(
+            [x[:, None] * y[:, None] ** np.arange(NP)[None, :], -(f[:, None] * y[:, None] ** np.arange(1, NQ)[None, :])],
+            axis=1,
+        )
+        w = lawson / q_prev
+        m = a * w[:, None]
+        scale = np.abs(m).max(0)
+        sol = np.linalg.lstsq(m / scale, f * w, rcond=None)[0] / scale
+        p, q = sol[:NP], np.concatenate([[1.0], sol[NP:]])
+        q_new = np.polyval(q[::-1], y)
+        assert q_new.min() > 0, f"step {it}: Q has a zero on [0, C]"
+        err = np.abs(x * np.polyval(p[::-1], y) / q_new - f)
+        if err.max() < best[0]:
+            best = (err.max(), (p, q))
+        q_prev = q_new
+        if it >= 20:
+            lawson = lawson * (err / err.max()) ** 0.25
+            lawson /= lawson.mean()
+    return best
 
 
-def lawson(A, y, fixed_part):
-    """Minimax-in-relative-error coefficients of A for y - fixed_part."""
-    w = np.ones(len(y))
-    rhs = (y - fixed_part) / y
-    M = A / y[:, None]
-    c = None
-    for _ in range(60):
-        sw = np.sqrt(w)
-        c = np.linalg.lstsq(M * sw[:, None], rhs * sw, rcond=None)[0]
-        e = np.abs(M @ c - rhs) + 1e-300
-        w = w * e
-        w /= w.sum()
-    return c
+def r32(v):
+    return np.asarray(v, dtype=np.float64).astype(f32)
 
 
-def fit(j):
-    s, y = interval_points(j)
-    V = np.vander(s, D + 1, increasing=True)
-    fixed = {}
-    for deg in range(D, -1, -1):
-        free = [k for k in range(D + 1) if k not in fixed]
-        part = sum(V[:, k] * float(v) for k, v in fixed.items()) if fixed else np.zeros(len(s))
-        c = lawson(V[:, free], y, part)
-        fixed[deg] = f32(c[free.index(deg)])
-    return [fixed[k] for k in range(D + 1)]
+def fma(a, b, c):  # a·b is exact in f64; the sum rounds there, then to f32 (close enough here)
+    return r32(a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64))
 
 
-def fma(a, b, c):
-    return f32(float(a) * float(b) + float(c))  # exact product, one rounding (as vfmadd)
-
-
-def gelu32(x, table):
-    x = f32(x)
-    t = f32(abs(x))
-    u = fma(t, K, C)
-    if not u < f32(U_END):
-        return x if x > 0 else f32(-0.0) * x
-    j = int(np.rint(u))  # round half to even, as the magic-number add
-    s = fma(t, K, -j)
-    # q = E(s²) + s·O(s²): even and odd coefficients as two FMA Horner chains in s², as the
-    # kernels evaluate it (D odd: D + 1 coefficients, an even count).
-    s2 = f32(s * s)
-    e, o = table[D - 1][j % N], table[D][j % N]
-    for k in range(D - 3, -1, -2):
-        e = fma(e, s2, table[k][j % N])
-        o = fma(o, s2, table[k + 1][j % N])
-    p = fma(o, s, e)
-    return fma(-x, p, x) if x > 0 else f32(x * p)
+def gelu32(x, p, q):
+    """The kernels' evaluation, step by step in f32."""
+    xc = np.minimum(np.maximum(x, f32(-C)), f32(C))
+    s = r32(xc.astype(np.float64) ** 2)
+    pp = np.full_like(s, p[-1])
+    for c in p[-2::-1]:
+        pp = fma(pp, s, np.full_like(s, c))
+    qq = np.full_like(s, q[-1])
+    for c in q[-2::-1]:
+        qq = fma(qq, s, np.full_like(s, c))
+    e = r32(xc.astype(np.float64) * r32(pp.astype(np.float64) / qq))
+    phi = np.maximum(r32(e.astype(np.float64) + 0.5), f32(0.0))
+    return r32(x.astype(np.float64) * phi), phi
 
 
 def main():
-    cols = {j: fit(j) for j in range(1, N + 1)}
-    # Table index j mod 8: interval 8 sits at index 0 (t = 0 is in interval 1).
-    table = [[cols[i if i else N][k] for i in range(N)] for k in range(D + 1)]
+    err, (p, q) = fit()
+    p32, q32 = r32(p), r32(q)
 
     def lit(v):  # the shortest literal that reads back as this f32
-        return np.format_float_scientific(f32(v), unique=True, trim="0").replace("e+", "e")
+        for digits in range(6, 10):
+            s = f"{float(v):.{digits}e}"
+            if f32(s) == v:
+                return s
+        return repr(float(v))
 
-    print(f"    pub const GELU_K: f32 = {lit(K)};")
-    print(f"    pub const GELU_C: f32 = {lit(C)};")
-    print(f"    pub const GELU_Q: [[f32; {N}]; {D + 1}] = [")
-    for row in table:
-        print("        [" + ", ".join(lit(v) for v in row) + "],")
-    print("    ];")
-    print(f"    pub const GELU_U_END: f32 = {lit(U_END)};")
-    worst = {"x > 0": (0, 0), "-4 < x <= 0": (0, 0), f"-{T} < x <= -4": (0, 0)}
-    for x in np.linspace(-T, 10, 400001).astype(f32):
-        r = float(x) * q(-float(x))
-        if r == 0 or not fma(abs(x), K, C) < f32(U_END):
-            continue  # past T: -0 by design
-        e = abs(float(gelu32(x, table)) - r) / abs(r)
-        key = "x > 0" if x > 0 else ("-4 < x <= 0" if x > -4 else f"-{T} < x <= -4")
-        if e > worst[key][0]:
-            worst[key] = (e, float(x))
-    for k, (e, at) in worst.items():
-        print(f"// {k}: max relative error {e:.2e} at {at:.4f}")
+    print(f"// fit: max |Φ - approximation| on [0, C] in f64 {err:.2e}")
+    print(f"pub const GELU_CLAMP: f32 = {lit(f32(C))};")
+    print(f"pub const GELU_P: [f32; {NP}] = [" + ", ".join(lit(v) for v in p32) + "];")
+    print(f"pub const GELU_Q: [f32; {NQ}] = [" + ", ".join(lit(v) for v in q32) + "];")
+
+    x = np.linspace(-12.0, 12.0, 2_400_001).astype(f32)
+    g, phi = gelu32(x, p32, q32)
+    xd = x.astype(np.float64)
+    ref = xd * (0.5 + phi_minus_half(xd))
+    ae = np.abs(g - ref)
+    at = ae.argmax()
+    print(f"// f32 evaluation on [-12, 12]: max absolute error {ae[at]:.2e} at {xd[at]:.4f}")
+    for lo, hi in [(-12, -6), (-6, -3), (-3, 0), (0, 3), (3, 6), (6, 12)]:
+        sel = (xd >= lo) & (xd < hi) & (np.abs(ref) > 1e-30)
+        rel = ae[sel] / np.abs(ref[sel])
+        print(f"// [{lo}, {hi}): absolute {ae[sel].max():.2e}, relative {rel.max():.2e}")
+    edge = gelu32(np.array([-C, C], dtype=f32), p32, q32)[1]
+    assert edge[0] == 0.0 and edge[1] == 1.0, f"Φ at ∓C is {edge}, not 0 and 1"
+    assert (np.sign(g[x < 0]) <= 0).all(), "a positive GELU of a negative x"
 
 
 if __name__ == "__main__":

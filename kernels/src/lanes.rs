@@ -48,10 +48,6 @@ unsafe impl Lanes for f32 {
         self.mul_add(b, c)
     }
     #[inline(always)]
-    unsafe fn fmsub(self, b: Self, c: Self) -> Self {
-        self.mul_add(b, -c)
-    }
-    #[inline(always)]
     unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
         (-self).mul_add(b, c)
     }
@@ -112,10 +108,6 @@ unsafe impl Lanes for f32 {
     unsafe fn shl23(self) -> Self {
         f32::from_bits(self.to_bits() << 23)
     }
-    #[inline(always)]
-    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
-        table[(idx.to_bits() & 7) as usize]
-    }
 }
 
 /// A vector of f32 lanes. `Mask` is the result of a lane-wise compare.
@@ -131,8 +123,6 @@ pub(crate) unsafe trait Lanes: Copy {
     unsafe fn div(self, b: Self) -> Self;
     /// `self·b + c`, one rounding.
     unsafe fn fmadd(self, b: Self, c: Self) -> Self;
-    /// `self·b - c`, one rounding.
-    unsafe fn fmsub(self, b: Self, c: Self) -> Self;
     /// `c - self·b`, one rounding.
     unsafe fn fnmadd(self, b: Self, c: Self) -> Self;
     /// `vminps` semantics: `b` when either lane is NaN.
@@ -163,9 +153,6 @@ pub(crate) unsafe trait Lanes: Copy {
     unsafe fn all(m: Self::Mask) -> bool;
     /// The bits of each lane shifted left by 23 (an integer `n + 127` in the low bits becomes 2ⁿ).
     unsafe fn shl23(self) -> Self;
-    /// `table[bits & 7]` per lane, `bits` the lane's bit pattern in `idx` (a table lookup by one
-    /// `vpermps` at both widths; 8 entries because 16 cost AVX2 two permutes and a blend).
-    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -196,10 +183,6 @@ unsafe impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn fmadd(self, b: Self, c: Self) -> Self {
         unsafe { _mm256_fmadd_ps(self, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn fmsub(self, b: Self, c: Self) -> Self {
-        unsafe { _mm256_fmsub_ps(self, b, c) }
     }
     #[inline(always)]
     unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
@@ -264,11 +247,6 @@ unsafe impl Lanes for __m256 {
     unsafe fn shl23(self) -> Self {
         unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(self))) }
     }
-    #[inline(always)]
-    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
-        // vpermps ymm reads the low 3 bits of each index.
-        unsafe { _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), _mm256_castps_si256(idx)) }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -299,10 +277,6 @@ unsafe impl Lanes for __m512 {
     #[inline(always)]
     unsafe fn fmadd(self, b: Self, c: Self) -> Self {
         unsafe { _mm512_fmadd_ps(self, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn fmsub(self, b: Self, c: Self) -> Self {
-        unsafe { _mm512_fmsub_ps(self, b, c) }
     }
     #[inline(always)]
     unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
@@ -374,15 +348,5 @@ unsafe impl Lanes for __m512 {
     #[inline(always)]
     unsafe fn shl23(self) -> Self {
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(self))) }
-    }
-    #[inline(always)]
-    unsafe fn lookup8(idx: Self, table: &[f32; 8]) -> Self {
-        // vpermps zmm reads the low 4 bits of each index: the table is doubled so that both
-        // halves hold it (a constant, which LLVM folds into one 64-byte load).
-        unsafe {
-            let t = _mm512_castps256_ps512(_mm256_loadu_ps(table.as_ptr()));
-            let t = _mm512_shuffle_f32x4::<0x44>(t, t);
-            _mm512_permutexvar_ps(_mm512_castps_si512(idx), t)
-        }
     }
 }

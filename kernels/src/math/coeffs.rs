@@ -43,30 +43,16 @@ pub const ERFC_T: [f32; 9] = [
     -1.6410781e-01,
     7.4204974e-02,
 ];
-/// GELU (erf form) as `x·q(|x|)` / `x - x·q(|x|)` with `q(t) = Φ(-t)` tabulated on [0, 6) in
-/// 8 intervals (one 8-lane permute per coefficient on AVX2): `u = t·GELU_K + GELU_C` rounds to
-/// the interval j in 1..=8 (`u < GELU_U_END`; past it, |x| ≥ 6 where Φ(-6) = 9.9e-10, q = 0),
-/// `s = t·GELU_K - j` in [-1, 0] and `q ≈ Σ GELU_Q[k][j mod 8]·s^k`, expanded at each
-/// interval's right end so the leading terms share a sign and do not cancel (evaluated as
-/// `E(s²) + s·O(s²)`, even and odd coefficients in two Horner chains: `simd::gelu_erf_n`).
-/// Fitted and checked by `scripts/fit_gelu.py` (relative error of the f32 evaluation:
-/// 1.3e-7 for x > 0, 2.2e-7 on (-4, 0], 4.2e-7 on (-6, -4]).
-pub const GELU_K: f32 = 1.3333334e00;
-pub const GELU_C: f32 = 5.0000095e-01;
-pub const GELU_Q: [[f32; 8]; 10] = [
-    [9.865886e-10, 2.2662736e-01, 6.68072e-02, 1.2224475e-02, 1.3498984e-03, 8.841733e-05, 3.3976753e-06, 7.6049666e-08],
-    [-4.5569695e-09, -2.2585307e-01, -9.71382e-02, -2.3804741e-02, -3.323887e-03, -2.6444686e-04, -1.19878105e-05, -3.0963588e-07],
-    [1.0250694e-08, 6.3521154e-02, 5.4640237e-02, 2.0085253e-02, 3.739371e-03, 3.7187865e-04, 2.0229518e-05, 6.0958104e-07],
-    [-1.4991887e-08, 9.263289e-03, -1.1383322e-02, -9.06622e-03, -2.492944e-03, -3.2383986e-04, -2.1632937e-05, -7.712935e-07],
-    [1.5539669e-08, -7.259266e-03, -1.9205159e-03, 1.9420898e-03, 1.0514866e-03, 1.928718e-04, 1.6367343e-05, 7.000337e-07],
-    [-1.4450015e-08, 2.9132523e-05, 1.3944933e-03, 1.10558e-04, -2.6379002e-04, -8.100576e-05, -9.174106e-06, -4.958594e-07],
-    [4.7880064e-09, 5.274605e-04, -1.1241864e-04, -1.7433625e-04, 1.761331e-05, 2.3946508e-05, 4.0599416e-06, 2.45685e-07],
-    [-1.055225e-08, -6.556066e-05, -6.700626e-05, 3.7912487e-05, 8.1765875e-06, -3.4428765e-06, -1.1409031e-06, -1.5237893e-07],
-    [-3.1949732e-09, -4.6508743e-05, 2.4887664e-05, 4.9846135e-06, -6.991527e-06, 5.7081644e-07, 4.2845286e-07, 9.48963e-09],
-    [-3.12855e-09, -3.588066e-06, 6.075116e-06, -2.250255e-06, -6.5248844e-07, 5.220374e-07, 1.3618041e-09, -2.7668442e-08],
-];
-/// `u` at t = 6, the end of the last interval (Φ(-6) = 9.9e-10; past it q = 0).
-pub const GELU_U_END: f32 = 8.5e00;
+/// GELU (erf form) as `x·Φ(x)`, `Φ(x) ≈ 1/2 + xc·P(xc²)/Q(xc²)` with xc = x clamped to
+/// ±`GELU_CLAMP` (4√2, where erf(x/√2) is ±1 in f32): P of degree 6, Q of degree 4, fitted for
+/// the absolute error of Φ (2.7e-8 on [0, 4√2] in f64) by `scripts/fit_gelu.py`, which also
+/// checks the f32 evaluation of `simd::gelu_erf_n`: absolute error at most 1.3e-6 (at x ≈ 5.4,
+/// relative 2.3e-7), relative 1.9e-7 on [0, 3), 2.3e-7 on [3, 6), 7.7e-5 on [-3, 0) and up to
+/// 12× the (tiny) value on [-6, -3), where |GELU| < 4e-3 and the absolute error is below 9.5e-7;
+/// -0 below -4√2 (an absolute error below 5.9e-9).
+pub const GELU_CLAMP: f32 = 5.656854e+00;
+pub const GELU_P: [f32; 7] = [3.989421e-01, 3.782040e-02, 4.634505e-03, 1.897275e-04, 3.436905e-06, -2.1990134e-08, 1.0616101e-10];
+pub const GELU_Q: [f32; 5] = [1.000000e+00, 2.6146552e-01, 3.0199884e-02, 1.9438841e-03, 6.862723e-05];
 
 pub const TANH_CLAMP: f32 = 9.0;
 /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).

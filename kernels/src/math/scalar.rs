@@ -100,10 +100,9 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// x·Φ(x) (scalar path), with `q(t) = Φ(-t)` from the piecewise polynomial `GELU_Q` (see
-/// `coeffs`): `x·q(|x|)` for x ≤ 0 and `x - x·q(|x|)` for x > 0, so negative x keeps its relative
-/// accuracy (no `1 + erf` cancellation). It is `simd::gelu_erf` at one lane (`Lanes for f32`):
-/// the scalar and vector paths agree bit for bit.
+/// x·Φ(x) (scalar path), with Φ(x) = 1/2 + xc·P(xc²)/Q(xc²) the rational approximation of
+/// `coeffs::GELU_P` (x clamped to ±4√2). It is `simd::gelu_erf` at one lane (`Lanes for f32`):
+/// the scalar and vector paths agree bit for bit (the division is IEEE on every path).
 #[inline]
 pub fn gelu_erf(x: f32) -> f32 {
     // SAFETY: `Lanes for f32` is plain arithmetic with no ISA requirement.

@@ -163,71 +163,56 @@ pub unsafe fn silu<V: Lanes>(x: V) -> V {
     }
 }
 
-/// GELU (erf): `x - x·Φ(-|x|)` for x > 0, `x·Φ(-|x|)` otherwise, Φ(-|x|) a tabulated
-/// piecewise polynomial (see the scalar `gelu_erf` and `coeffs`). The scalar path runs this
-/// same definition at one lane.
+/// GELU (erf): `x·Φ(x)` with Φ a rational approximation of `1/2 + erf(x/√2)/2` (see the
+/// scalar `gelu_erf` and `coeffs`). The scalar path runs this same definition at one lane.
 #[inline(always)]
 pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
     unsafe { gelu_erf_n([x])[0] }
 }
 
-/// [`gelu_erf`] of K vectors at once, each step done for all K before the next: the table
-/// polynomial is a chain of dependent permute+FMA steps, and with one vector at a time the
-/// out-of-order window fills with ops waiting on that chain (in a GEMM tile's store, where
-/// it runs, nothing else is left to overlap). K chains side by side keep K times as many
-/// ops ready. Every element gets exactly the operations of the one-vector form.
-/// The degree-9 polynomial is two chains of 4 FMAs in s² (even and odd coefficients) joined
-/// by one, not one chain of 9: one multiply more, about half the latency. Measured on a Zen
-/// 4 (gemm_bench, three alternations): the AVX2 tile's 1024×384·384×1536 + bias + GELU went
-/// from 77–83% to 84–87% of the FMA peak on 1 thread (79–83% to 84–89% on 2); AVX-512 lost
-/// 1–2 points. (Full Estrin spilled on AVX2's 16 registers: 65–78%.)
+/// [`gelu_erf`] of K vectors at once, each step done for all K before the next (K chains of
+/// dependent FMAs side by side keep the out-of-order window full; in a GEMM tile's store, where
+/// it runs, nothing else is left to overlap). Every element gets exactly the operations of the
+/// one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Horner (two
+/// chains side by side), e = xc·(P/Q), φ = max(e + 1/2, 0), x·φ. 18 operations a vector and
+/// one division, no table lookups and no exp.
+///
+/// Until 2026-12-07 this was a piecewise degree-9 polynomial for Φ(-|x|) whose coefficients
+/// came from 10 `vpermps` table lookups a vector: relative accuracy in the negative tail (no
+/// `1 + erf` cancellation) at about 33 FMA-pipe slots a vector on Zen 3, where `vpermps` takes
+/// the FMA pipes (20.1 cycles a vector over an L1 array; 10.2–10.6 now, same run; the GEMM
+/// numbers in `gemm/avx2.rs`'s `act_rows`). The error is now absolute, as in PyTorch's and
+/// onnxruntime's `1 + erf` form (`coeffs::GELU_P`).
 /// (Plain index loops: closures would not inherit the caller's target features.)
 #[inline(always)]
 pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
     unsafe {
-        let k = V::splat(GELU_K);
-        let magic = V::splat(ROUND_MAGIC);
-        let (mut t, mut u, mut r, mut s) = (x, x, x, x);
+        let (lo, hi) = (V::splat(-GELU_CLAMP), V::splat(GELU_CLAMP));
+        let (mut xc, mut s, mut p, mut q) = (x, x, x, x);
         for i in 0..K {
-            // t = |x|, but f32::MAX at x = +inf, so that t·q is 0 there (+inf·0 would be NaN);
-            // min keeps its second operand, a NaN. (The same q: past the table either way.)
-            t[i] = V::splat(f32::MAX).min(x[i]).abs();
-            u[i] = t[i].fmadd(k, V::splat(GELU_C));
-            // The low mantissa bits of r hold j = round(u): the interval, and the table index.
-            r[i] = u[i].add(magic);
-            s[i] = t[i].fmsub(k, r[i].sub(magic));
+            // max gives its second operand, -C, for a NaN x: φ = 0 and x·φ = NaN.
+            xc[i] = x[i].max(lo).min(hi);
+            s[i] = xc[i].mul(xc[i]);
+            p[i] = V::splat(GELU_P[GELU_P.len() - 1]);
+            q[i] = V::splat(GELU_Q[GELU_Q.len() - 1]);
         }
-        // q = E(s²) + s·O(s²): the even and the odd coefficients as two Horner chains in
-        // s², side by side, joined by one FMA (4 + 1 dependent FMAs after s² instead of 9).
-        const { assert!(GELU_Q.len().is_multiple_of(2) && GELU_Q.len() >= 4) };
-        let n = GELU_Q.len();
-        let (mut qe, mut qo, mut s2) = (x, x, x);
-        for i in 0..K {
-            s2[i] = s[i].mul(s[i]);
-            qe[i] = V::lookup8(r[i], &GELU_Q[n - 2]);
-            qo[i] = V::lookup8(r[i], &GELU_Q[n - 1]);
-        }
-        for j in (0..n - 2).step_by(2).rev() {
+        const { assert!(GELU_P.len() >= GELU_Q.len()) };
+        for j in (0..GELU_P.len() - 1).rev() {
             for i in 0..K {
-                qe[i] = qe[i].fmadd(s2[i], V::lookup8(r[i], &GELU_Q[j]));
-                qo[i] = qo[i].fmadd(s2[i], V::lookup8(r[i], &GELU_Q[j + 1]));
+                p[i] = p[i].fmadd(s[i], V::splat(GELU_P[j]));
+                if j < GELU_Q.len() - 1 {
+                    q[i] = q[i].fmadd(s[i], V::splat(GELU_Q[j]));
+                }
             }
-        }
-        let mut q = x;
-        for i in 0..K {
-            q[i] = qo[i].fmadd(s[i], qe[i]);
         }
         let mut y = x;
         for i in 0..K {
-            // Past the table (and for NaN or inf): q = 0.
-            let qi = q[i].zero_unless(u[i].lt(V::splat(GELU_U_END)));
-            // max(-0, x) - t·q: x - x·q for x > 0, and -0 - |x|·q = x·q otherwise, each with
-            // one rounding, the sign of a zero result as x·q's (max gives -0 for x < 0 and keeps
-            // its second operand, x, at ±0 and NaN). NaN stays NaN, -inf gives -0 - inf·0 = NaN,
-            // +inf gives inf - f32::MAX·0 = inf. Two operations where a compare, a multiply and
-            // a blend chose between the two forms (all three on the FMA pipes of a Zen 3: the
-            // GELU alone 21.2 -> 20.1 cycles per vector there), and the same bits.
-            y[i] = t[i].fnmadd(qi, V::splat(-0.0).max(x[i]));
+            // e rounds to exactly ∓1/2 at ∓C: φ = 0 below -C (x·0 = -0, and NaN at -inf, as
+            // x/2·(1 + erf) gives), 1 above C (x itself, inf at inf). The max keeps φ ≥ 0 where
+            // the absolute error exceeds Φ(x) (x below about -4), so GELU(x) ≤ 0 for x < 0.
+            let e = xc[i].mul(p[i].div(q[i]));
+            let phi = e.add(V::splat(0.5)).max(V::splat(0.0));
+            y[i] = x[i].mul(phi);
         }
         y
     }
