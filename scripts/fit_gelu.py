@@ -86,10 +86,11 @@ def main():
     p32, q32 = r32(p), r32(q)
 
     def lit(v):  # the shortest literal that reads back as this f32
-        for digits in range(6, 10):
+        for digits in range(1, 10):
             s = f"{float(v):.{digits}e}"
             if f32(s) == v:
-                return s
+                mant, exp = s.split("e")
+                return mant.rstrip("0").rstrip(".") + (".0" if "." not in mant.rstrip("0").rstrip(".") else "") + "e" + exp
         return repr(float(v))
 
     print(f"// fit: max |Φ - approximation| on [0, C] in f64 {err:.2e}")

@@ -51,8 +51,8 @@ pub const ERFC_T: [f32; 9] = [
 /// 12× the (tiny) value on [-6, -3), where |GELU| < 4e-3 and the absolute error is below 9.5e-7;
 /// -0 below -4√2 (an absolute error below 5.9e-9).
 pub const GELU_CLAMP: f32 = 5.656854e+00;
-pub const GELU_P: [f32; 7] = [3.989421e-01, 3.782040e-02, 4.634505e-03, 1.897275e-04, 3.436905e-06, -2.1990134e-08, 1.0616101e-10];
-pub const GELU_Q: [f32; 5] = [1.000000e+00, 2.6146552e-01, 3.0199884e-02, 1.9438841e-03, 6.862723e-05];
+pub const GELU_P: [f32; 7] = [3.989421e-01, 3.78204e-02, 4.634505e-03, 1.897275e-04, 3.436905e-06, -2.1990134e-08, 1.0616101e-10];
+pub const GELU_Q: [f32; 5] = [1.0e+00, 2.6146552e-01, 3.0199884e-02, 1.9438841e-03, 6.862723e-05];
 
 pub const TANH_CLAMP: f32 = 9.0;
 /// Below this |x|, tanh(x) = x + x³·S(x²); above, tanh(|x|) = 1 - 2/(exp(2|x|) + 1).
