@@ -88,9 +88,10 @@ def main():
     def lit(v):  # the shortest literal that reads back as this f32
         for digits in range(1, 10):
             s = f"{float(v):.{digits}e}"
-            if f32(s) == v:
+            if f32(s) == v:  # trailing zeros dropped (clippy's excessive_precision)
                 mant, exp = s.split("e")
-                return mant.rstrip("0").rstrip(".") + (".0" if "." not in mant.rstrip("0").rstrip(".") else "") + "e" + exp
+                mant = mant.rstrip("0")
+                return f"{mant}0e{exp}" if mant.endswith(".") else f"{mant}e{exp}"
         return repr(float(v))
 
     print(f"// fit: max |Φ - approximation| on [0, C] in f64 {err:.2e}")
