@@ -8,7 +8,7 @@ where erf(x/√2) is ±1 in f32) and s = xc², Φ(x) ≈ 1/2 + xc·P(s)/Q(s): P 
 degree 4 with Q(0) = 1, fitted for the absolute error of Φ on [0, C] (odd symmetry covers the
 rest) by the linearised rational least squares of Loeb (each step weighted by 1/Q of the step
 before), then Lawson's reweighting toward minimax. The kernels evaluate, one rounding per step:
-P and Q by Horner with FMAs, one IEEE division (the same bits on every ISA, unlike vrcpps),
+P and Q by Estrin's scheme with FMAs, one IEEE division (the same bits on every ISA, unlike vrcpps),
 e = xc·(P/Q), φ = max(e + 1/2, 0), GELU = x·φ. e rounds to exactly ∓1/2 at ∓C, so φ is 0 there
 (x·0: -0 below -C, NaN at -inf as x/2·(1 + erf) gives) and 1 at +C (x itself above C).
 
@@ -70,12 +70,16 @@ def gelu32(x, p, q):
     """The kernels' evaluation, step by step in f32."""
     xc = np.minimum(np.maximum(x, f32(-C)), f32(C))
     s = r32(xc.astype(np.float64) ** 2)
-    pp = np.full_like(s, p[-1])
-    for c in p[-2::-1]:
-        pp = fma(pp, s, np.full_like(s, c))
-    qq = np.full_like(s, q[-1])
-    for c in q[-2::-1]:
-        qq = fma(qq, s, np.full_like(s, c))
+    s2 = r32(s.astype(np.float64) ** 2)
+    s4 = r32(s2.astype(np.float64) ** 2)
+
+    def k(v):
+        return np.full_like(s, v)
+
+    # Estrin's scheme, as simd::gelu_erf_n: P = (p0 + p1 s + s²(p2 + p3 s)) + s⁴(p4 + p5 s + p6 s²).
+    p03 = fma(fma(k(p[3]), s, k(p[2])), s2, fma(k(p[1]), s, k(p[0])))
+    pp = fma(fma(k(p[6]), s2, fma(k(p[5]), s, k(p[4]))), s4, p03)
+    qq = fma(k(q[4]), s4, fma(fma(k(q[3]), s, k(q[2])), s2, fma(k(q[1]), s, k(q[0]))))
     e = r32(xc.astype(np.float64) * r32(pp.astype(np.float64) / qq))
     phi = np.maximum(r32(e.astype(np.float64) + 0.5), f32(0.0))
     return r32(x.astype(np.float64) * phi), phi

@@ -46,9 +46,9 @@ pub const ERFC_T: [f32; 9] = [
 /// GELU (erf form) as `x·Φ(x)`, `Φ(x) ≈ 1/2 + xc·P(xc²)/Q(xc²)` with xc = x clamped to
 /// ±`GELU_CLAMP` (4√2, where erf(x/√2) is ±1 in f32): P of degree 6, Q of degree 4, fitted for
 /// the absolute error of Φ (2.7e-8 on [0, 4√2] in f64) by `scripts/fit_gelu.py`, which also
-/// checks the f32 evaluation of `simd::gelu_erf_n`: absolute error at most 1.3e-6 (at x ≈ 5.4,
-/// relative 2.3e-7), relative 1.9e-7 on [0, 3), 2.3e-7 on [3, 6), 7.7e-5 on [-3, 0) and up to
-/// 12× the (tiny) value on [-6, -3), where |GELU| < 4e-3 and the absolute error is below 9.5e-7;
+/// checks the f32 evaluation of `simd::gelu_erf_n`: absolute error at most 9.5e-7 (at x ≈ 4.6,
+/// relative 2.2e-7), relative 2.1e-7 on [0, 3), 2.2e-7 on [3, 6), 8.0e-5 on [-3, 0) and up to
+/// 11× the (tiny) value on [-6, -3), where |GELU| < 4e-3 and the absolute error is below 7.4e-7;
 /// -0 below -4√2 (an absolute error below 5.9e-9).
 pub const GELU_CLAMP: f32 = 5.656854e+00;
 pub const GELU_P: [f32; 7] = [3.989421e-01, 3.78204e-02, 4.634505e-03, 1.897275e-04, 3.436905e-06, -2.1990134e-08, 1.0616101e-10];

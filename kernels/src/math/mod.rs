@@ -16,7 +16,7 @@
 //! - `sigmoid(x) = 1/(1+exp(-x))`, `silu(x) = x·sigmoid(x)`, `gelu_erf(x) = x/2·(1+erf(x/√2))`,
 //!   `gelu_tanh(x) = x/2·(1+tanh(√(2/π)(x+0.044715x³)))`. `gelu_erf(x) = x·Φ(x)` with
 //!   `Φ(x) ≈ 1/2 + xc·P(xc²)/Q(xc²)`, xc = x clamped to ±4√2 (P of degree 6, Q of degree 4,
-//!   fitted for Φ's absolute error by `scripts/fit_gelu.py`; 18 vector operations and one
+//!   fitted for Φ's absolute error by `scripts/fit_gelu.py`; 20 vector operations and one
 //!   division, no table and no exp): the `1 + erf` form of PyTorch and onnxruntime, whose
 //!   relative error grows where the result is tiny (x below about -3), with Φ kept ≥ 0 so a
 //!   negative x never gives a positive result. `gelu_tanh(x) = x/(1 + exp(-2u))` (no
@@ -33,7 +33,7 @@
 //! | tanh | [-12, 12] | 8.8e-8 | 6.1e-8 |
 //! | sigmoid | [-87, 87] | 1.4e-7 | 8.9e-8 |
 //! | silu | [-87, 87] | 1.6e-7 | 1.3e-6 (at x≈14) |
-//! | gelu_erf | (0, 10] / [-10, 10] | 2.0e-7 / – (Φ's error 2.0e-7·\|x\|) | 9.5e-7 (at x≈4.6) |
+//! | gelu_erf | (0, 10] / [-10, 10] | 2.1e-7 / – (Φ's error 2.1e-7·\|x\|) | 8.9e-7 (at x≈4.8) |
 //! | gelu_tanh | [-3, 10] / [-10, 10] | 8.4e-7 / 1.2e-5 (tail cond. ≈ 2u) | 5.2e-7 (at x≈4.7) |
 //!
 //! NaN inputs give NaN outputs. SiLU and both GELUs follow their defining f32 formulas in the

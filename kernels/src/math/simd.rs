@@ -173,17 +173,20 @@ pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
 /// [`gelu_erf`] of K vectors at once, each step done for all K before the next (K chains of
 /// dependent FMAs side by side keep the out-of-order window full; in a GEMM tile's store, where
 /// it runs, nothing else is left to overlap). Every element gets exactly the operations of the
-/// one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Horner (two
-/// chains side by side), e = xc·(P/Q), φ = max(e + 1/2, 0), x·φ. 18 operations a vector and
-/// one division, no table lookups and no exp.
+/// one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Estrin's
+/// scheme, e = xc·(P/Q), φ = max(e + 1/2, 0), x·φ. 20 operations a vector and one division,
+/// no table lookups and no exp.
 ///
 /// Until 2026-12-07 this was a piecewise degree-9 polynomial for Φ(-|x|) whose coefficients
 /// came from 10 `vpermps` table lookups a vector: relative accuracy in the negative tail (no
 /// `1 + erf` cancellation) at about 33 FMA-pipe slots a vector on Zen 3, where `vpermps` takes
 /// the FMA pipes (20.0–21.1 cycles a vector over an L1 array; 10.2–10.6 now, same run).
 /// `gemm_bench`, three alternations, 1 thread, + bias+GELU: 1024×384·384×1536 79.5–80.9 →
-/// 81.6–83.7 GFLOP/s, 128×384·384×1536 83.9–86.7 → 89.0–90.5. The error is now absolute, as
-/// in PyTorch's and onnxruntime's `1 + erf` form (`coeffs::GELU_P`).
+/// 81.6–83.7 GFLOP/s, 128×384·384×1536 83.9–86.7 → 89.0–90.5 (P and Q by Horner); Estrin
+/// then, medians of seven alternations: m = 128 87.8 → 90.0 on 1 thread, 172.5 → 177.9 on 2;
+/// m = 1024 level (83.5 → 83.5, 166.8 → 165.4): in the store the GELU is bound by its latency
+/// as much as by its operation count. The error is now absolute, as in PyTorch's and
+/// onnxruntime's `1 + erf` form (`coeffs::GELU_P`).
 /// (Plain index loops: closures would not inherit the caller's target features.)
 #[inline(always)]
 pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
@@ -194,17 +197,23 @@ pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
             // max gives its second operand, -C, for a NaN x: φ = 0 and x·φ = NaN.
             xc[i] = x[i].max(lo).min(hi);
             s[i] = xc[i].mul(xc[i]);
-            p[i] = V::splat(GELU_P[GELU_P.len() - 1]);
-            q[i] = V::splat(GELU_Q[GELU_Q.len() - 1]);
         }
-        const { assert!(GELU_P.len() >= GELU_Q.len()) };
-        for j in (0..GELU_P.len() - 1).rev() {
-            for i in 0..K {
-                p[i] = p[i].fmadd(s[i], V::splat(GELU_P[j]));
-                if j < GELU_Q.len() - 1 {
-                    q[i] = q[i].fmadd(s[i], V::splat(GELU_Q[j]));
-                }
-            }
+        // P (degree 6) and Q (degree 4) in s by Estrin's scheme: three dependent steps after
+        // s², s⁴ instead of Horner's six and four, for two multiplies more.
+        let (cp, cq) = (GELU_P, GELU_Q);
+        for i in 0..K {
+            let s2 = s[i].mul(s[i]);
+            let s4 = s2.mul(s2);
+            let p01 = V::splat(cp[1]).fmadd(s[i], V::splat(cp[0]));
+            let p23 = V::splat(cp[3]).fmadd(s[i], V::splat(cp[2]));
+            let p45 = V::splat(cp[5]).fmadd(s[i], V::splat(cp[4]));
+            let p03 = p23.fmadd(s2, p01);
+            let p46 = V::splat(cp[6]).fmadd(s2, p45);
+            p[i] = p46.fmadd(s4, p03);
+            let q01 = V::splat(cq[1]).fmadd(s[i], V::splat(cq[0]));
+            let q23 = V::splat(cq[3]).fmadd(s[i], V::splat(cq[2]));
+            let q03 = q23.fmadd(s2, q01);
+            q[i] = V::splat(cq[4]).fmadd(s4, q03);
         }
         let mut y = x;
         for i in 0..K {
