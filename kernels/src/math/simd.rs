@@ -180,7 +180,8 @@ pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
 /// Until 2026-12-07 this was a piecewise degree-9 polynomial for Φ(-|x|) whose coefficients
 /// came from 10 `vpermps` table lookups a vector: relative accuracy in the negative tail (no
 /// `1 + erf` cancellation) at about 33 FMA-pipe slots a vector on Zen 3, where `vpermps` takes
-/// the FMA pipes (20.0–21.1 cycles a vector over an L1 array; 10.2–10.6 now, same run).
+/// the FMA pipes (20.0–21.1 cycles a vector over an L1 array; 10.2–10.6 with P and Q by
+/// Horner, 11.5–11.7 by Estrin, same run).
 /// `gemm_bench`, three alternations, 1 thread, + bias+GELU: 1024×384·384×1536 79.5–80.9 →
 /// 81.6–83.7 GFLOP/s, 128×384·384×1536 83.9–86.7 → 89.0–90.5 (P and Q by Horner); Estrin
 /// then, medians of seven alternations: m = 128 87.8 → 90.0 on 1 thread, 172.5 → 177.9 on 2;
