@@ -216,7 +216,7 @@ fn sigmoid_silu_sweep() {
 fn gelu_sweep() {
     // The erf GELU is the `1 + erf` form (scripts/fit_gelu.py): Φ's error is absolute, so the
     // bound is on |GELU(x) - ref| / |x| (Φ's error, 2.4e-7 = 4 ulps of 1/2) everywhere, relative
-    // above 0; below -4√2 it returns -0 (an absolute error below 5.9e-9), and a negative x never
+    // above 0; below -4√2 it returns -0 (an absolute error below 4.4e-8), and a negative x never
     // gives a positive result. The tanh GELU keeps its relative error (no `1 + tanh`
     // cancellation): bounded over the whole range down to results of 1e-30.
     let xs = sweep(10.0, 257);

@@ -49,7 +49,7 @@ pub const ERFC_T: [f32; 9] = [
 /// checks the f32 evaluation of `simd::gelu_erf_n`: absolute error at most 9.5e-7 (at x ≈ 4.6,
 /// relative 2.2e-7), relative 2.1e-7 on [0, 3), 2.2e-7 on [3, 6), 8.0e-5 on [-3, 0) and up to
 /// 11× the (tiny) value on [-6, -3), where |GELU| < 4e-3 and the absolute error is below 7.4e-7;
-/// -0 below -4√2 (an absolute error below 5.9e-9).
+/// -0 below -4√2 (an absolute error below |GELU(-4√2)| = 4.4e-8).
 pub const GELU_CLAMP: f32 = 5.656854e+00;
 pub const GELU_P: [f32; 7] = [3.989421e-01, 3.78204e-02, 4.634505e-03, 1.897275e-04, 3.436905e-06, -2.1990134e-08, 1.0616101e-10];
 pub const GELU_Q: [f32; 5] = [1.0e+00, 2.6146552e-01, 3.0199884e-02, 1.9438841e-03, 6.862723e-05];
