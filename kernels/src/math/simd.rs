@@ -170,10 +170,9 @@ pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
     unsafe { gelu_erf_n([x])[0] }
 }
 
-/// [`gelu_erf`] of K vectors at once, each step done for all K before the next (K chains of
-/// dependent FMAs side by side keep the out-of-order window full; in a GEMM tile's store, where
-/// it runs, nothing else is left to overlap). Every element gets exactly the operations of the
-/// one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Estrin's
+/// [`gelu_erf`] of K vectors at once (K independent chains in one straight-line block, which
+/// the compiler interleaves; in a GEMM tile's store, where it runs, nothing else is left to
+/// overlap). Every element gets exactly the operations of the one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Estrin's
 /// scheme, e = xc·(P/Q), φ = max(e + 1/2, 0), x·φ. 20 operations a vector and one division,
 /// no table lookups and no exp.
 ///
