@@ -153,8 +153,7 @@ fn main() {
 /// The AB / own time ratio of paired passes: the geometric mean of the two orders' medians.
 /// Two passes back to back see the same minutes of a shared host, so their ratio holds still
 /// where the times themselves move by 10–20%; but the second of a pair finds the caches as the
-/// first left them, a bias of its own (up to ±15% at 128 tokens), which the orders' two medians
-/// cancel. Both columns the kernel's own split (`AB=qkv=auto`), Zen 3 of 2026-12-08, 2 threads,
+/// first left them, a bias of its own, which the orders' two medians cancel. Both columns the kernel's own split (`AB=qkv=auto`), Zen 3 of 2026-12-08, 2 threads,
 /// the whole pass: 0.9985 and 0.9999 at 128 tokens (400 passes), 1.0035 and 1.0139 at 1024 (60
 /// passes; a kind alone within ±2%), where the best passes of the two columns differed by up to
 /// 2%. None without pairs in both orders.
