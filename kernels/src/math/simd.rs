@@ -172,9 +172,10 @@ pub unsafe fn gelu_erf<V: Lanes>(x: V) -> V {
 
 /// [`gelu_erf`] of K vectors at once (K independent chains in one straight-line block, which
 /// the compiler interleaves; in a GEMM tile's store, where it runs, nothing else is left to
-/// overlap). Every element gets exactly the operations of the one-vector form: xc = x clamped to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Estrin's
-/// scheme, e = xc·(P/Q), φ = max(e + 1/2, 0), x·φ. 20 operations a vector and one division,
-/// no table lookups and no exp.
+/// overlap). Every element gets exactly the operations of the one-vector form: xc = x clamped
+/// to ±`GELU_CLAMP`, s = xc², P(s) and Q(s) by Estrin's scheme, e = xc·(P/Q),
+/// φ = max(e + 1/2, 0), x·φ. 20 operations a vector and one division, no table lookups and no
+/// exp.
 ///
 /// Until 2026-12-07 this was a piecewise degree-9 polynomial for Φ(-|x|) whose coefficients
 /// came from 10 `vpermps` table lookups a vector: relative accuracy in the negative tail (no
@@ -200,6 +201,9 @@ pub unsafe fn gelu_erf_n<V: Lanes, const K: usize>(x: [V; K]) -> [V; K] {
         }
         // P (degree 6) and Q (degree 4) in s by Estrin's scheme: three dependent steps after
         // s², s⁴ instead of Horner's six and four, for two multiplies more.
+        // The steps below name every coefficient: a refit of other degrees must rewrite them
+        // (and `scripts/fit_gelu.py`'s `gelu32`), not drop coefficients silently.
+        const { assert!(GELU_P.len() == 7 && GELU_Q.len() == 5) };
         let (cp, cq) = (GELU_P, GELU_Q);
         for i in 0..K {
             let s2 = s[i].mul(s[i]);
